@@ -1,0 +1,42 @@
+# taskledger — `make run` serves, `make test` runs the whole suite.
+# Both create the virtual environment in .venv and install what they need.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test lint typecheck openapi bench acceptance clean help
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,dev]'
+	touch $(STAMP)
+
+run: $(STAMP)  ## serve on 127.0.0.1:8080 (embedded PostgreSQL unless TASKLEDGER_DATABASE_URL is set)
+	$(BIN)/taskledger serve
+
+test: $(STAMP)  ## run the whole test suite (embedded PostgreSQL unless TASKLEDGER_TEST_DATABASE_URL is set)
+	$(BIN)/pytest
+
+lint: $(STAMP)  ## ruff
+	$(BIN)/ruff check service events projections tests bench
+
+typecheck: $(STAMP)  ## mypy --strict on the packages
+	$(BIN)/mypy
+
+openapi: $(STAMP)  ## rewrite openapi/openapi.json from the app
+	$(BIN)/python -m service.openapi > openapi/openapi.json
+
+bench: $(STAMP)  ## run the benchmarks (see docs/BENCHMARKS.md)
+	$(BIN)/python -m bench.run_all
+
+acceptance:  ## the black-box acceptance suite from ../shared
+	../shared/acceptance/run.sh
+
+clean:  ## remove the virtual environment and local data
+	rm -rf $(VENV) .taskledger

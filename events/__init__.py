@@ -1,0 +1,1 @@
+"""Facts: event types, the append-only store, and the pure domain decisions."""

@@ -1,0 +1,351 @@
+"""The event store: one append-only `events` table with a gapless global `seq`.
+
+How `seq` stays gapless and visible in commit order
+----------------------------------------------------
+Every appending transaction first locks the single row of `log_head`
+(`SELECT ... FOR UPDATE`), which holds the last committed `seq` and hash. It
+numbers its events from there, chains their hashes, writes the new head back,
+and commits. PostgreSQL releases a transaction's row locks only after its
+commit is visible, so the next appender cannot even read the head until the
+previous one is committed: seq order *is* commit order, and a rolled-back
+transaction rolls its head update back with its events, so no hole is left.
+
+A sequence or identity column would be wrong here: its value is drawn at insert
+and becomes visible at commit, so a reader paging `WHERE seq > cursor` can pass
+over a slow transaction's event for good.
+
+Holding one lock per append would cap throughput at one commit (one fsync) per
+event. The service therefore never appends one command per transaction: its
+writer (`service.writer`) runs many commands in one transaction under one head
+lock and one commit, so the lock is taken once per batch. See docs/DESIGN.md.
+Do not change the locking here without reading that document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import asyncpg
+import msgspec
+
+from events.canonical import GENESIS_HASH, event_hash, format_ts
+from events.errors import VersionConflict
+
+NOTIFY_CHANNEL: Final = "taskledger_events"
+
+
+class _Any:
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+ANY: Final[Any] = _Any()
+"""Pass as `expected_version` to append without an expectation."""
+
+
+class NewEvent(msgspec.Struct, frozen=True, kw_only=True):
+    type: str
+    data: dict[str, Any]
+
+
+class RecordedEvent(msgspec.Struct, frozen=True, kw_only=True):
+    seq: int
+    stream: str
+    stream_seq: int
+    type: str
+    data: dict[str, Any]
+    meta: dict[str, Any]
+    recorded_at: str
+    hash: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return msgspec.structs.asdict(self)
+
+
+_json = msgspec.json.Encoder()
+
+_INSERT = """
+INSERT INTO events (seq, stream, stream_seq, type, data, meta, recorded_at, hash)
+SELECT s, $1, ss, t, d::jsonb, m::jsonb, $8, h
+FROM unnest($2::bigint[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[])
+     AS u(s, ss, t, d, m, h)
+"""
+
+_INSERT_EXPECTING = _INSERT + """
+WHERE (SELECT coalesce(max(stream_seq), 0) FROM events WHERE stream = $1) = $9
+"""
+
+_STREAM_VERSION = "SELECT coalesce(max(stream_seq), 0) FROM events WHERE stream = $1"
+
+# The JSON object clients receive, built by the database so that reading the log
+# for a feed never decodes and re-encodes payloads in Python.
+EVENT_JSON_SQL: Final = """json_build_object(
+    'seq', seq, 'stream', stream, 'stream_seq', stream_seq, 'type', type,
+    'data', data, 'meta', meta,
+    'recorded_at', to_char(recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+    'hash', hash)::text"""
+
+EVENT_COLUMNS_SQL: Final = """seq, stream, stream_seq, type, data::text AS data, meta::text AS meta,
+    to_char(recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS recorded_at, hash"""
+
+
+def record_from_row(row: Any) -> RecordedEvent:
+    return RecordedEvent(
+        seq=row["seq"],
+        stream=row["stream"],
+        stream_seq=row["stream_seq"],
+        type=row["type"],
+        data=msgspec.json.decode(row["data"]),
+        meta=msgspec.json.decode(row["meta"]),
+        recorded_at=row["recorded_at"],
+        hash=row["hash"],
+    )
+
+
+class LogTx:
+    """The log's part of one database transaction.
+
+    `begin` takes the head lock; `append` may be called any number of times;
+    `finish` writes the head back and queues one NOTIFY (delivered at commit).
+    The caller owns the transaction and commits it.
+    """
+
+    def __init__(self, conn: asyncpg.Connection, head_seq: int, head_hash: str) -> None:
+        self.conn = conn
+        self.head_seq = head_seq
+        self.head_hash = head_hash
+        self.start_seq = head_seq
+        self._versions: dict[str, int] = {}
+        self.recorded: list[RecordedEvent] = []
+
+    @classmethod
+    async def begin(cls, conn: asyncpg.Connection) -> LogTx:
+        if not conn.is_in_transaction():
+            raise RuntimeError("LogTx.begin needs an open transaction")
+        row = await conn.fetchrow("SELECT seq, hash FROM log_head WHERE id = 1 FOR UPDATE")
+        if row is None:
+            raise RuntimeError("log_head is missing: run migrations")
+        return cls(conn, row["seq"], row["hash"])
+
+    async def stream_version(self, stream: str) -> int:
+        v = self._versions.get(stream)
+        if v is None:
+            v = await self.conn.fetchval(_STREAM_VERSION, stream)
+            self._versions[stream] = v
+        return v
+
+    async def append(
+        self,
+        stream: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_version: int = ANY,
+        meta: dict[str, Any] | None = None,
+    ) -> list[RecordedEvent]:
+        """Append `events` to `stream`, all or none.
+
+        `expected_version` is the stream's current `stream_seq` as the caller
+        saw it (0 for a new stream); a mismatch raises VersionConflict.
+        """
+        if not events:
+            return []
+        known = self._versions.get(stream)
+        if expected_version is ANY:
+            base = await self.stream_version(stream)
+            check_in_sql = False
+        elif known is not None:
+            if known != expected_version:
+                raise VersionConflict(
+                    f"stream {stream} is at version {known}, not {expected_version}",
+                    stream=stream, expected=expected_version, actual=known,
+                )
+            base = known
+            check_in_sql = False
+        else:
+            base = expected_version
+            check_in_sql = True
+
+        meta = meta or {}
+        meta_text = _json.encode(meta).decode()
+        now = datetime.now(UTC)
+        recorded_at = format_ts(now)
+        seqs, sseqs, types, datas, metas, hashes = [], [], [], [], [], []
+        recorded: list[RecordedEvent] = []
+        prev = self.head_hash
+        seq = self.head_seq
+        for i, ev in enumerate(events, start=1):
+            seq += 1
+            h = event_hash(
+                prev, seq=seq, stream=stream, stream_seq=base + i, type=ev.type,
+                data=ev.data, meta=meta, recorded_at=recorded_at,
+            )
+            seqs.append(seq)
+            sseqs.append(base + i)
+            types.append(ev.type)
+            datas.append(_json.encode(ev.data).decode())
+            metas.append(meta_text)
+            hashes.append(h)
+            recorded.append(
+                RecordedEvent(
+                    seq=seq, stream=stream, stream_seq=base + i, type=ev.type,
+                    data=ev.data, meta=meta, recorded_at=recorded_at, hash=h,
+                )
+            )
+            prev = h
+        try:
+            if check_in_sql:
+                status = await self.conn.execute(
+                    _INSERT_EXPECTING, stream, seqs, sseqs, types, datas, metas, hashes, now,
+                    expected_version,
+                )
+                if status.split()[-1] == "0":
+                    actual = await self.conn.fetchval(_STREAM_VERSION, stream)
+                    raise VersionConflict(
+                        f"stream {stream} is at version {actual}, not {expected_version}",
+                        stream=stream, expected=expected_version, actual=actual,
+                    )
+            else:
+                await self.conn.execute(
+                    _INSERT, stream, seqs, sseqs, types, datas, metas, hashes, now
+                )
+        except asyncpg.UniqueViolationError as e:
+            raise VersionConflict(
+                f"stream {stream} moved on while appending", stream=stream
+            ) from e
+        self.head_seq = seq
+        self.head_hash = prev
+        self._versions[stream] = base + len(events)
+        self.recorded.extend(recorded)
+        return recorded
+
+    async def finish(self) -> None:
+        if self.head_seq == self.start_seq:
+            return
+        # One wake-up per commit (NOTIFY is delivered at commit); listeners read
+        # the table, not the payload.
+        await self.conn.execute(
+            "WITH h AS (UPDATE log_head SET seq = $1, hash = $2 WHERE id = 1) "
+            "SELECT pg_notify($3, $1::text)",
+            self.head_seq, self.head_hash, NOTIFY_CHANNEL,
+        )
+
+
+async def append(
+    conn: asyncpg.Connection,
+    stream: str,
+    events: Sequence[NewEvent],
+    *,
+    expected_version: int = ANY,
+    meta: dict[str, Any] | None = None,
+) -> list[RecordedEvent]:
+    """Append inside the caller's transaction (which must be open)."""
+    log = await LogTx.begin(conn)
+    out = await log.append(stream, events, expected_version=expected_version, meta=meta)
+    await log.finish()
+    return out
+
+
+async def head(conn: asyncpg.Connection | asyncpg.Pool) -> tuple[int, str]:
+    row = await conn.fetchrow("SELECT seq, hash FROM log_head WHERE id = 1")
+    if row is None:
+        return 0, GENESIS_HASH
+    return row["seq"], row["hash"]
+
+
+def type_filter_sql(types: Iterable[str], arg_index: int) -> tuple[str, list[Any]]:
+    """SQL for the contract's `types` filter: exact names, or prefixes ending in '.'."""
+    exact = [t for t in types if not t.endswith(".")]
+    prefixes = [t.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+                for t in types if t.endswith(".")]
+    parts, args = [], []
+    if exact:
+        parts.append(f"type = ANY(${arg_index}::text[])")
+        args.append(exact)
+        arg_index += 1
+    if prefixes:
+        parts.append(f"type LIKE ANY(${arg_index}::text[])")
+        args.append(prefixes)
+    return "(" + " OR ".join(parts) + ")", args
+
+
+async def read(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    *,
+    since_seq: int = 0,
+    limit: int = 1000,
+    types: Sequence[str] = (),
+    stream: str | None = None,
+    project: str | None = None,
+    to_seq: int | None = None,
+) -> list[RecordedEvent]:
+    where, args = _filters(since_seq, types, stream, project, to_seq)
+    rows = await conn.fetch(
+        f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE {where} ORDER BY seq LIMIT {int(limit)}",
+        *args,
+    )
+    return [record_from_row(r) for r in rows]
+
+
+async def read_json(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    *,
+    since_seq: int = 0,
+    limit: int = 1000,
+    types: Sequence[str] = (),
+    stream: str | None = None,
+    project: str | None = None,
+    to_seq: int | None = None,
+) -> list[tuple[int, str, str]]:
+    """(seq, type, event JSON text) rows, for feeds that pass events through."""
+    where, args = _filters(since_seq, types, stream, project, to_seq)
+    rows = await conn.fetch(
+        f"SELECT seq, type, {EVENT_JSON_SQL} AS j FROM events WHERE {where} "
+        f"ORDER BY seq LIMIT {int(limit)}",
+        *args,
+    )
+    return [(r["seq"], r["type"], r["j"]) for r in rows]
+
+
+def _filters(
+    since_seq: int, types: Sequence[str], stream: str | None, project: str | None,
+    to_seq: int | None,
+) -> tuple[str, list[Any]]:
+    clauses = ["seq > $1"]
+    args: list[Any] = [since_seq]
+    if to_seq is not None:
+        args.append(to_seq)
+        clauses.append(f"seq <= ${len(args)}")
+    if stream is not None:
+        args.append(stream)
+        clauses.append(f"stream = ${len(args)}")
+    if project is not None:
+        args.append(project)
+        clauses.append(f"meta->>'project' = ${len(args)}")
+    if types:
+        sql, targs = type_filter_sql(types, len(args) + 1)
+        clauses.append(sql)
+        args.extend(targs)
+    return " AND ".join(clauses), args
+
+
+async def read_stream(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    stream: str,
+    *,
+    since_stream_seq: int = 0,
+    limit: int = 1000,
+    to_seq: int | None = None,
+) -> list[RecordedEvent]:
+    args: list[Any] = [stream, since_stream_seq]
+    extra = ""
+    if to_seq is not None:
+        args.append(to_seq)
+        extra = " AND seq <= $3"
+    rows = await conn.fetch(
+        f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE stream = $1 AND stream_seq > $2{extra} "
+        f"ORDER BY stream_seq LIMIT {int(limit)}",
+        *args,
+    )
+    return [record_from_row(r) for r in rows]

@@ -1,0 +1,1 @@
+"""The HTTP service, its command-line interface and authentication."""

@@ -1,0 +1,188 @@
+"""The `taskledger` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from service.settings import Settings
+
+# Modules that add sub-commands: each has `register(subparsers)`.
+_CLI_MODULES: Sequence[str] = (
+    "service.cli_tail",
+    "service.cli_tasks",
+    "service.cli_jobs",
+    "service.cli_admin",
+)
+
+
+def _database_url(args: argparse.Namespace) -> tuple[str, Any]:
+    """The URL to use, starting the embedded server when none is configured."""
+    url = getattr(args, "database_url", None) or os.environ.get("TASKLEDGER_DATABASE_URL")
+    if url:
+        return url, None
+    from service.embedded import start_embedded
+
+    data_dir = getattr(args, "data_dir", None) or os.environ.get("TASKLEDGER_DATA_DIR") or ".taskledger"
+    handle, url = start_embedded(data_dir)
+    return url, handle
+
+
+async def _migrate(url: str) -> list[str]:
+    from service.migrate import migrate
+
+    conn = await asyncpg.connect(url)
+    try:
+        return await migrate(conn)
+    finally:
+        await conn.close()
+
+
+async def _bootstrap_admin(url: str) -> str | None:
+    from service.auth import create_token
+
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("SELECT pg_advisory_lock(7461)")
+        try:
+            exists = await conn.fetchval("SELECT 1 FROM tokens WHERE role = 'admin' AND revoked_at IS NULL")
+            if exists:
+                return None
+            return await create_token(conn, role="admin", name="admin", node=None)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(7461)")
+    finally:
+        await conn.close()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    url, handle = _database_url(args)
+    applied = asyncio.run(_migrate(url))
+    if applied:
+        print(f"applied migrations: {', '.join(applied)}", file=sys.stderr)
+    if not os.environ.get("TASKLEDGER_ADMIN_TOKEN"):
+        token = asyncio.run(_bootstrap_admin(url))
+        if token:
+            print(f"admin token (shown once): {token}", flush=True)
+    os.environ["TASKLEDGER_DATABASE_URL"] = url
+    os.environ["TASKLEDGER_MIGRATE_ON_START"] = "false"
+    settings = Settings.from_env(host=args.host, port=args.port, workers=args.workers)
+    print(f"taskledger serving on http://{settings.host}:{settings.port} ({args.server})",
+          file=sys.stderr, flush=True)
+    try:
+        if args.server == "uvicorn":
+            import uvicorn
+
+            uvicorn.run(
+                "service.asgi:app", host=settings.host, port=settings.port,
+                workers=settings.workers, lifespan="on", log_level="warning",
+                timeout_graceful_shutdown=5,
+            )
+        else:
+            from granian import Granian
+            from granian.constants import Interfaces
+
+            Granian(
+                "service.asgi:app", address=settings.host, port=settings.port,
+                interface=Interfaces.ASGI, workers=settings.workers, log_enabled=False,
+                workers_kill_timeout=5,
+            ).serve()
+    finally:
+        del handle
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    url, handle = _database_url(args)
+    applied = asyncio.run(_migrate(url))
+    print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
+    del handle
+    return 0
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    from service.auth import create_token
+
+    if args.role == "worker" and not args.node:
+        print("a worker token needs --node", file=sys.stderr)
+        return 2
+    url, handle = _database_url(args)
+    asyncio.run(_migrate(url))
+
+    async def go() -> str:
+        conn = await asyncpg.connect(url)
+        try:
+            return await create_token(conn, role=args.role, name=args.name, node=args.node)
+        finally:
+            await conn.close()
+
+    print(asyncio.run(go()))
+    del handle
+    return 0
+
+
+def add_db_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--database-url", default=None, help="PostgreSQL URL (default: embedded server)")
+    p.add_argument("--data-dir", default=None, help="data dir for the embedded server")
+
+
+def add_client_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=os.environ.get("TASKLEDGER_URL", "http://127.0.0.1:8080"))
+    p.add_argument("--token", default=os.environ.get("TASKLEDGER_TOKEN"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="taskledger", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the HTTP service")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--server", choices=["granian", "uvicorn"], default="granian")
+    add_db_flags(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("migrate", help="apply pending migrations and exit")
+    add_db_flags(p)
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("token", help="manage API tokens")
+    tsub = p.add_subparsers(dest="token_command", required=True)
+    c = tsub.add_parser("create", help="print a new API token")
+    c.add_argument("--role", required=True, choices=["admin", "producer", "worker", "reviewer", "reader"])
+    c.add_argument("--name", required=True)
+    c.add_argument("--node", default=None)
+    add_db_flags(c)
+    c.set_defaults(func=cmd_token_create)
+
+    for name in _CLI_MODULES:
+        try:
+            module = __import__(name, fromlist=["register"])
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("TASKLEDGER_LOG_LEVEL", "WARNING"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

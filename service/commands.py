@@ -1,0 +1,118 @@
+"""Running a command for an HTTP request: actor metadata and idempotency keys."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+from litestar import Request
+
+from events.canonical import canonical_json
+from events.errors import IdempotencyConflict, ValidationFailed
+from service.auth import Principal
+from service.writer import UnitOfWork, Writer
+
+T = TypeVar("T")
+
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
+
+
+class Ctx(msgspec.Struct, kw_only=True):
+    """What a command knows about who asked and why."""
+
+    principal: Principal
+    request_id: str
+    idempotency_key: str | None = None
+    correlation_id: str | None = None
+
+    def meta(self, **more: Any) -> dict[str, Any]:
+        m: dict[str, Any] = {
+            "actor": self.principal.name,
+            "role": self.principal.role,
+            "node": self.principal.node,
+            "request_id": self.request_id,
+        }
+        if self.idempotency_key is not None:
+            m["idempotency_key"] = self.idempotency_key
+        if self.correlation_id is not None:
+            m["correlation_id"] = self.correlation_id
+        m.update({k: v for k, v in more.items() if v is not None})
+        return m
+
+
+def ctx_of(request: Request[Any, Any, Any]) -> Ctx:
+    p = request.user
+    assert isinstance(p, Principal)
+    key = request.headers.get("idempotency-key")
+    if key is not None and not _IDEMPOTENCY_KEY.match(key):
+        raise ValidationFailed("Idempotency-Key must be 1-200 printable ASCII characters")
+    corr = request.headers.get("x-correlation-id")
+    if corr is not None and len(corr) > 200:
+        raise ValidationFailed("X-Correlation-Id is too long")
+    return Ctx(
+        principal=p,
+        request_id=request.headers.get("x-request-id") or uuid.uuid4().hex,
+        idempotency_key=key,
+        correlation_id=corr,
+    )
+
+
+class Stored(msgspec.Struct):
+    """An answer replayed from the idempotency table."""
+
+    status: int
+    body: msgspec.Raw
+
+
+async def run(
+    request: Request[Any, Any, Any],
+    ctx: Ctx,
+    fn: Callable[[UnitOfWork], Awaitable[T]],
+    *,
+    status: int = 200,
+) -> T | Stored:
+    """Submit `fn` to the writer; honour the Idempotency-Key header.
+
+    The lookup and the record of the first answer run in the same batch
+    transaction as the command, so two retries racing each other (even on two
+    replicas) still get one execution and the same answer.
+    """
+    writer: Writer = request.app.state.writer
+    key = ctx.idempotency_key
+    if key is None:
+        return await writer.submit(fn)
+    body = await request.body()
+    try:
+        parsed = msgspec.json.decode(body) if body else None
+    except msgspec.DecodeError:
+        parsed = body.decode("utf-8", "replace")
+    request_hash = hashlib.sha256(
+        request.method.encode() + b" " + request.url.path.encode() + b" " + canonical_json(parsed)
+    ).hexdigest()
+    token = ctx.principal.token_hash
+
+    async def with_key(uow: UnitOfWork) -> T | Stored:
+        row = await uow.fetchrow(
+            "SELECT request_hash, status, response::text AS response FROM idempotency_keys "
+            "WHERE token_hash = $1 AND key = $2",
+            token, key,
+        )
+        if row is not None:
+            if row["request_hash"] != request_hash:
+                raise IdempotencyConflict(
+                    "this Idempotency-Key was used with a different request"
+                )
+            return Stored(status=row["status"], body=msgspec.Raw(row["response"].encode()))
+        result = await fn(uow)
+        await uow.execute(
+            "INSERT INTO idempotency_keys (token_hash, key, request_hash, status, response) "
+            "VALUES ($1, $2, $3, $4, $5::jsonb)",
+            token, key, request_hash, status, msgspec.json.encode(result).decode(),
+        )
+        return result
+
+    return await writer.submit(with_key)

@@ -1,0 +1,40 @@
+"""Small helpers shared by controllers."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Final
+
+import msgspec
+from litestar import Response
+from litestar.params import Parameter
+
+from events.errors import ValidationFailed
+from service.commands import Stored
+
+ID_PATTERN: Final = r"^[A-Za-z0-9._:-]{1,128}$"
+_ID = re.compile(ID_PATTERN)
+
+Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
+SinceSeq = Annotated[int | None, Parameter(ge=0, le=2**62, required=False)]
+
+
+def check_id(value: str, what: str = "id") -> str:
+    if not _ID.match(value):
+        raise ValidationFailed(f"{what} must match [A-Za-z0-9._:-]{{1,128}}")
+    return value
+
+
+def split_types(types: str | None) -> list[str]:
+    if not types:
+        return []
+    out = [t.strip() for t in types.split(",") if t.strip()]
+    if len(out) > 50 or any(len(t) > 100 for t in out):
+        raise ValidationFailed("types: at most 50 entries of at most 100 characters")
+    return out
+
+
+def respond(result: Any, status: int = 200) -> Response[Any]:
+    if isinstance(result, Stored):
+        return Response(content=result.body, status_code=result.status)
+    return Response(content=result, status_code=status)

@@ -1,0 +1,91 @@
+"""Liveness, readiness, metrics, tokens and the global event log."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from litestar import Controller, Request, Response, get, post
+from litestar.params import JSONBody, Parameter
+
+from events import store
+from events.errors import ValidationFailed
+from service.auth import Principal, create_token, requires
+from service.routes.common import SinceSeq, split_types
+
+
+class TokenRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    role: Literal["admin", "producer", "worker", "reviewer", "reader"]
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@ -]+$")]
+    node: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")] | None = None
+
+
+class TokenResponse(msgspec.Struct, kw_only=True):
+    token: str
+    name: str
+    role: str
+    node: str | None
+
+
+class EventPage(msgspec.Struct, kw_only=True):
+    events: list[Any]
+    next_seq: int
+    head_seq: int
+
+
+class SystemController(Controller):
+    @get("/healthz", operation_id="healthz", tags=["system"])
+    async def healthz(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @get("/readyz", operation_id="readyz", tags=["system"])
+    async def readyz(self, request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
+        state = request.app.state
+        try:
+            head = await state.pool.fetchval("SELECT seq FROM log_head WHERE id = 1")
+        except Exception as e:  # readiness reports, never raises
+            return Response({"status": "unavailable", "detail": str(e)}, status_code=503)
+        if not state.writer.alive:
+            return Response({"status": "unavailable", "detail": "writer stopped"}, status_code=503)
+        return Response({"status": "ready", "head_seq": head}, status_code=200)
+
+    @get("/metrics", operation_id="metrics", tags=["system"], media_type="text/plain; version=0.0.4")
+    async def metrics(self, request: Request[Any, Any, Any]) -> str:
+        return request.app.state.metrics.render()
+
+    @post("/tokens", operation_id="createToken", tags=["auth"], guards=[requires("admin")], status_code=201)
+    async def create(self, request: Request[Any, Any, Any], data: JSONBody[TokenRequest]) -> TokenResponse:
+        if data.role == "worker" and data.node is None:
+            raise ValidationFailed("a worker token needs a node")
+        secret = await create_token(request.app.state.pool, role=data.role, name=data.name, node=data.node)
+        return TokenResponse(token=secret, name=data.name, role=data.role, node=data.node)
+
+    @get("/events", operation_id="listEvents", tags=["events"])
+    async def events(
+        self,
+        request: Request[Any, Any, Any],
+        since_seq: SinceSeq = None,
+        limit: Annotated[int, Parameter(ge=1, le=10_000)] = 1000,
+        types: Annotated[str | None, Parameter(max_length=4000)] = None,
+        stream: Annotated[str | None, Parameter(max_length=200)] = None,
+        project: Annotated[str | None, Parameter(max_length=200)] = None,
+    ) -> EventPage:
+        assert isinstance(request.user, Principal)
+        pool = request.app.state.pool
+        head_seq, _ = await store.head(pool)
+        since = since_seq or 0
+        if since > head_seq:
+            raise ValidationFailed(f"since_seq {since} is beyond the head of the log ({head_seq})")
+        rows = await store.read_json(
+            pool, since_seq=since, limit=limit, types=split_types(types), stream=stream, project=project
+        )
+        # A short page means every match up to the head we read first was
+        # returned, so the cursor may skip ahead to that head.
+        last = rows[-1][0] if rows else since
+        next_seq = last if len(rows) == limit else max(last, head_seq)
+        return EventPage(
+            events=[msgspec.Raw(j.encode()) for _, _, j in rows],
+            next_seq=next_seq,
+            head_seq=head_seq,
+        )
+ROUTES = [SystemController]

@@ -1,0 +1,42 @@
+"""Settings, read from the environment once at the entry point and passed in."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+
+class Settings(msgspec.Struct, kw_only=True, frozen=True):
+    database_url: str | None = None
+    data_dir: str = ".taskledger"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    workers: int = 1
+    admin_token: str | None = None
+    migrate_on_start: bool = True
+    pool_min: int = 2
+    pool_max: int = 10
+    batch_max: int = 256
+    max_body_bytes: int = 4 * 1024 * 1024
+    escalate_after_seconds: int = 3600
+    sweep_interval_seconds: float = 1.0
+    job_heartbeat_timeout_seconds: int = 60
+    sse_keepalive_seconds: float = 15.0
+    sse_poll_seconds: float = 1.0
+    sse_queue_max: int = 1000
+    max_streams_per_token: int = 64
+    stream_token_ttl_seconds: int = 300
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for field in msgspec.structs.fields(cls):
+            key = "TASKLEDGER_" + field.name.upper()
+            if key in env and env[key] != "":
+                values[field.name] = env[key]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return msgspec.convert(values, cls, strict=False)

@@ -1,0 +1,1 @@
+"""Schema migrations: plain SQL files applied in name order (see service.migrate)."""

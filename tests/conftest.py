@@ -1,0 +1,241 @@
+"""Fixtures: a real PostgreSQL (embedded by default, or TASKLEDGER_TEST_DATABASE_URL),
+a fresh database per test cloned from a migrated template, the app in process,
+and `taskledger serve` as a real server process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from litestar.testing import AsyncTestClient
+
+from service.app import create_app
+from service.embedded import with_database
+from service.migrate import migrate
+from service.settings import Settings
+
+ADMIN_TOKEN = "test-admin-" + uuid.uuid4().hex
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="session")
+def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a maintenance database on the server the tests use."""
+    url = os.environ.get("TASKLEDGER_TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    from service.embedded import start_embedded
+
+    handle, url = start_embedded(tmp_path_factory.mktemp("embedded-pg"))
+    yield with_database(url, "postgres")
+    handle.cleanup()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_url: str) -> Iterator[str]:
+    name = "tl_template_" + uuid.uuid4().hex[:8]
+
+    async def make() -> None:
+        c = await asyncpg.connect(pg_url)
+        try:
+            await c.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await c.close()
+        c = await asyncpg.connect(with_database(pg_url, name))
+        try:
+            await migrate(c)
+        finally:
+            await c.close()
+
+    _run(make())
+    yield name
+    _run(_drop(pg_url, name))
+
+
+async def _drop(pg_url: str, name: str) -> None:
+    c = await asyncpg.connect(pg_url)
+    try:
+        await c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await c.close()
+
+
+def fresh_database(pg_url: str, template: str) -> str:
+    name = "tl_" + uuid.uuid4().hex[:12]
+
+    async def make() -> None:
+        c = await asyncpg.connect(pg_url)
+        try:
+            await c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        finally:
+            await c.close()
+
+    _run(make())
+    return name
+
+
+@pytest.fixture
+def db_url(pg_url: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for one test."""
+    name = fresh_database(pg_url, template_db)
+    yield with_database(pg_url, name)
+    _run(_drop(pg_url, name))
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await asyncpg.create_pool(db_url, min_size=1, max_size=20)
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+def settings_for(db_url: str, **kw: Any) -> Settings:
+    base: dict[str, Any] = {"database_url": db_url, "admin_token": ADMIN_TOKEN, "migrate_on_start": False,
+                            "sweep_interval_seconds": 0.2}
+    base.update(kw)
+    return Settings(**base)
+
+
+class Client:
+    """An in-process HTTP client holding one token."""
+
+    def __init__(self, http: AsyncTestClient[Any], token: str | None) -> None:
+        self.http = http
+        self.token = token
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def get(self, path: str, **kw: Any) -> httpx.Response:
+        return await self.http.get(path, headers={**self.headers, **kw.pop("headers", {})}, **kw)
+
+    async def post(self, path: str, json: Any = None, **kw: Any) -> httpx.Response:
+        return await self.http.post(path, json=json, headers={**self.headers, **kw.pop("headers", {})}, **kw)
+
+    async def ok(self, r: Any, *codes: int) -> Any:
+        assert r.status_code in (codes or (200, 201)), f"{r.request.method} {r.request.url} -> {r.status_code} {r.text[:800]}"
+        return r.json() if r.content else None
+
+
+class AppHarness:
+    def __init__(self, http: AsyncTestClient[Any], app: Any) -> None:
+        self.http = http
+        self.app = app
+        self.admin = Client(http, ADMIN_TOKEN)
+
+    async def client(self, role: str, node: str | None = None, name: str | None = None) -> Client:
+        body: dict[str, Any] = {"role": role, "name": name or f"{role}-{uuid.uuid4().hex[:6]}"}
+        if node is not None:
+            body["node"] = node
+        r = await self.admin.post("/tokens", body)
+        assert r.status_code == 201, r.text
+        return Client(self.http, r.json()["token"])
+
+    def anonymous(self) -> Client:
+        return Client(self.http, None)
+
+
+@pytest.fixture
+async def harness(db_url: str) -> AsyncIterator[AppHarness]:
+    app = create_app(settings_for(db_url))
+    async with AsyncTestClient(app=app, timeout=30) as http:
+        yield AppHarness(http, app)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """`taskledger serve` as a real process."""
+
+    def __init__(self, db_url: str | None, *, data_dir: Path | None = None, server: str = "granian",
+                 env: dict[str, str] | None = None, workers: int = 1) -> None:
+        self.db_url = db_url
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.data_dir = data_dir
+        self.server = server
+        self.workers = workers
+        self.extra_env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tl-serve-{self.port}.log"
+
+    def start(self, timeout: float = 60) -> ServerProcess:
+        cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
+               "--port", str(self.port), "--server", self.server, "--workers", str(self.workers)]
+        env = dict(os.environ, TASKLEDGER_ADMIN_TOKEN=ADMIN_TOKEN, TASKLEDGER_SWEEP_INTERVAL_SECONDS="0.2",
+                   **self.extra_env)
+        env.pop("TASKLEDGER_DATABASE_URL", None)
+        if self.db_url:
+            cmd += ["--database-url", self.db_url]
+        if self.data_dir is not None:
+            cmd += ["--data-dir", str(self.data_dir)]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log_path.open("ab"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited {self.proc.returncode}: {self.log()}")
+            try:
+                if httpx.get(self.base + "/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("serve never became ready: " + self.log())
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+    def client(self, token: str = ADMIN_TOKEN) -> httpx.Client:
+        return httpx.Client(base_url=self.base, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+    def token(self, role: str, node: str | None = None, name: str | None = None) -> str:
+        body: dict[str, Any] = {"role": role, "name": name or f"{role}-{uuid.uuid4().hex[:6]}"}
+        if node:
+            body["node"] = node
+        with self.client() as c:
+            r = c.post("/tokens", json=body)
+            assert r.status_code == 201, r.text
+            return str(r.json()["token"])
+
+
+@pytest.fixture
+def server(db_url: str) -> Iterator[ServerProcess]:
+    s = ServerProcess(db_url).start()
+    try:
+        yield s
+    finally:
+        s.stop()
