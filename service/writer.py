@@ -42,10 +42,12 @@ T = TypeVar("T")
 class UnitOfWork:
     """A command's view of the batch transaction."""
 
-    def __init__(self, conn: asyncpg.Connection, logtx: LogTx, now: float) -> None:
+    def __init__(self, conn: asyncpg.Connection, logtx: LogTx) -> None:
         self.conn = conn
         self.log = logtx
-        self.now = now
+        # The database's clock when the batch took the head lock: one clock for
+        # every replica's leases and deadlines.
+        self.now = logtx.now
         self.dirty = False
         self.recorded: list[RecordedEvent] = []
 
@@ -212,9 +214,8 @@ class Writer:
         outcomes: list[tuple[bool, Any]] = []
         async with conn.transaction():
             logtx = await LogTx.begin(conn)
-            now = time.time()
             for it in batch:
-                uow = UnitOfWork(conn, logtx, now)
+                uow = UnitOfWork(conn, logtx)
                 try:
                     value = await it.fn(uow)
                 except DomainError as e:

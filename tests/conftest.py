@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -35,7 +37,7 @@ def _run(coro: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
-def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_url() -> Iterator[str]:
     """URL of a maintenance database on the server the tests use."""
     url = os.environ.get("TASKLEDGER_TEST_DATABASE_URL")
     if url:
@@ -43,9 +45,13 @@ def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     from service.embedded import start_embedded
 
-    handle, url = start_embedded(tmp_path_factory.mktemp("embedded-pg"))
+    # Not under pytest's basetemp: pytest narrows that tree's permissions at
+    # every session start, and the embedded server runs as its own system user.
+    root = Path(tempfile.mkdtemp(prefix="tl-test-pg-"))
+    handle, url = start_embedded(root)
     yield with_database(url, "postgres")
     handle.cleanup()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
