@@ -29,8 +29,16 @@ from events.errors import (
     ValidationFailed,
 )
 
-STAGES: Final = ("init", "load_cache", "select_cmds", "running", "parallel", "sequential",
-                 "completing", "cleanup")
+STAGES: Final = (
+    "init",
+    "load_cache",
+    "select_cmds",
+    "running",
+    "parallel",
+    "sequential",
+    "completing",
+    "cleanup",
+)
 TERMINAL: Final = frozenset({"completed", "failed", "cancelled"})
 ACTIVE: Final = frozenset({"running", "cancelling"})
 
@@ -139,14 +147,22 @@ class JobFailed(JobEvent, tag="job.failed", frozen=True, kw_only=True):
 
 
 AnyJobEvent = (
-    JobCreated | JobStarted | JobStageChanged | JobCommandStarted | JobCommandCompleted
-    | JobCacheHit | JobCommandSkipped | JobHeartbeat | JobErrorReported | JobCancelRequested
-    | JobCancelled | JobCompleted | JobFailed
+    JobCreated
+    | JobStarted
+    | JobStageChanged
+    | JobCommandStarted
+    | JobCommandCompleted
+    | JobCacheHit
+    | JobCommandSkipped
+    | JobHeartbeat
+    | JobErrorReported
+    | JobCancelRequested
+    | JobCancelled
+    | JobCompleted
+    | JobFailed
 )
 
-EVENT_TYPES: Final = tuple(
-    c.__struct_config__.tag for c in AnyJobEvent.__args__
-)
+EVENT_TYPES: Final = tuple(c.__struct_config__.tag for c in AnyJobEvent.__args__)
 
 _decoder: Final = msgspec.json.Decoder(AnyJobEvent)
 _encoder: Final = msgspec.json.Encoder()
@@ -230,7 +246,7 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _replace_command(commands: tuple[CommandRun, ...], index: int, run: CommandRun) -> tuple[CommandRun, ...]:
-    return (*commands[:index], run, *commands[index + 1:])
+    return (*commands[:index], run, *commands[index + 1 :])
 
 
 def _counts(commands: Iterable[CommandRun]) -> tuple[int, int]:
@@ -253,7 +269,10 @@ def _current(commands: Sequence[CommandRun], preferred: str | None) -> str | Non
 def _with_commands(state: JobState, commands: tuple[CommandRun, ...], current: str | None) -> JobState:
     done, failed = _counts(commands)
     return msgspec.structs.replace(
-        state, commands=commands, completed_commands=done, failed_commands=failed,
+        state,
+        commands=commands,
+        completed_commands=done,
+        failed_commands=failed,
         current_command=_current(commands, current),
     )
 
@@ -270,16 +289,21 @@ def _summary(state: JobState, status: str, exit_code: int | None, output: Any) -
     return out
 
 
-def _ended(state: JobState, status: JobStateName, at: float, exit_code: int | None,
-           output: Any, **more: Any) -> JobState:
+def _ended(
+    state: JobState, status: JobStateName, at: float, exit_code: int | None, output: Any, **more: Any
+) -> JobState:
     # A command still running when the job ends was stopped with it.
     commands = tuple(
-        msgspec.structs.replace(c, state="interrupted") if c.state == "running" else c
-        for c in state.commands
+        msgspec.structs.replace(c, state="interrupted") if c.state == "running" else c for c in state.commands
     )
     ended = msgspec.structs.replace(
-        state, state=status, ended_at=at or None, exit_code=exit_code, commands=commands,
-        current_command=None, **more,
+        state,
+        state=status,
+        ended_at=at or None,
+        exit_code=exit_code,
+        commands=commands,
+        current_command=None,
+        **more,
     )
     return msgspec.structs.replace(ended, result=_summary(ended, status, exit_code, output))
 
@@ -290,9 +314,12 @@ def evolve(state: JobState | None, event: AnyJobEvent) -> JobState:
         match event:
             case JobCreated():
                 return JobState(
-                    job_id=event.job_id, project=event.project,
+                    job_id=event.job_id,
+                    project=event.project,
                     commands=tuple(CommandRun(command=c) for c in event.commands),
-                    parallel=event.parallel, fail_fast=event.fail_fast, labels=tuple(event.labels),
+                    parallel=event.parallel,
+                    fail_fast=event.fail_fast,
+                    labels=tuple(event.labels),
                     created_at=event.at,
                 )
             case _:
@@ -302,8 +329,13 @@ def evolve(state: JobState | None, event: AnyJobEvent) -> JobState:
             return state
         case JobStarted():
             return msgspec.structs.replace(
-                state, state="running", node=event.node, worker=event.worker, lease_id=event.lease_id,
-                lease_seconds=event.lease_seconds, attempt=event.attempt,
+                state,
+                state="running",
+                node=event.node,
+                worker=event.worker,
+                lease_id=event.lease_id,
+                lease_seconds=event.lease_seconds,
+                attempt=event.attempt,
                 started_at=event.at if state.started_at is None else state.started_at,
             )
         case JobStageChanged():
@@ -319,33 +351,43 @@ def evolve(state: JobState | None, event: AnyJobEvent) -> JobState:
             run = CommandRun(
                 command=state.commands[event.index].command,
                 state="succeeded" if event.exit_code == 0 else "failed",
-                exit_code=event.exit_code, duration=event.duration,
+                exit_code=event.exit_code,
+                duration=event.duration,
             )
-            return _with_commands(state, _replace_command(state.commands, event.index, run), state.current_command)
+            return _with_commands(
+                state, _replace_command(state.commands, event.index, run), state.current_command
+            )
         case JobCacheHit():
             if not 0 <= event.index < len(state.commands):
                 return state
             run = CommandRun(command=state.commands[event.index].command, state="cached", exit_code=0)
-            return _with_commands(state, _replace_command(state.commands, event.index, run), state.current_command)
+            return _with_commands(
+                state, _replace_command(state.commands, event.index, run), state.current_command
+            )
         case JobCommandSkipped():
             if not 0 <= event.index < len(state.commands):
                 return state
-            run = CommandRun(command=state.commands[event.index].command, state="skipped", reason=event.reason)
-            return _with_commands(state, _replace_command(state.commands, event.index, run), state.current_command)
+            run = CommandRun(
+                command=state.commands[event.index].command, state="skipped", reason=event.reason
+            )
+            return _with_commands(
+                state, _replace_command(state.commands, event.index, run), state.current_command
+            )
         case JobHeartbeat():
             return state
         case JobErrorReported():
             text = event.error if event.command is None else f"{event.command}: {event.error}"
             return msgspec.structs.replace(
-                state, error=text, errors=(*state.errors, text)[-_MAX_ERRORS_KEPT:],
+                state,
+                error=text,
+                errors=(*state.errors, text)[-_MAX_ERRORS_KEPT:],
             )
         case JobCancelRequested():
             if state.state == "pending":
                 return msgspec.structs.replace(state, cancel_requested=True)
             return msgspec.structs.replace(state, state="cancelling", cancel_requested=True)
         case JobCancelled():
-            out = _ended(state, "cancelled", event.at, event.exit_code, event.result,
-                         cancel_requested=True)
+            out = _ended(state, "cancelled", event.at, event.exit_code, event.result, cancel_requested=True)
             if event.reason is not None:
                 out = msgspec.structs.replace(out, error=event.reason)
             return out
@@ -355,7 +397,9 @@ def evolve(state: JobState | None, event: AnyJobEvent) -> JobState:
             out = _ended(state, "failed", event.at, event.exit_code, event.result)
             if event.error is not None:
                 out = msgspec.structs.replace(
-                    out, error=event.error, errors=(*out.errors, event.error)[-_MAX_ERRORS_KEPT:],
+                    out,
+                    error=event.error,
+                    errors=(*out.errors, event.error)[-_MAX_ERRORS_KEPT:],
                 )
             return out
     raise AssertionError(f"unhandled job event {event!r}")  # pragma: no cover
@@ -389,7 +433,7 @@ def progress(state: JobState) -> float:
 
 
 def eta(state: JobState, now: float) -> float | None:
-    """elapsed / completed × remaining; null before the first command completes.
+    """elapsed / completed x remaining; null before the first command completes.
 
     A finished job has nothing left to wait for: 0.
     """
@@ -472,8 +516,16 @@ class Holder(msgspec.Struct, frozen=True, kw_only=True):
 class Report(msgspec.Struct, frozen=True, kw_only=True):
     """One runner report, already shape-checked at the edge."""
 
-    event: Literal["stage", "command_started", "command_completed", "cache_hit", "command_skipped",
-                   "heartbeat", "error", "finish"]
+    event: Literal[
+        "stage",
+        "command_started",
+        "command_completed",
+        "cache_hit",
+        "command_skipped",
+        "heartbeat",
+        "error",
+        "finish",
+    ]
     stage: str | None = None
     command: str | None = None
     index: int | None = None
@@ -492,15 +544,32 @@ def decide_create(cmd: CreateJob, now: float) -> list[AnyJobEvent]:
     for c in cmd.commands:
         if not c.strip():
             raise ValidationFailed("commands: a command may not be blank")
-    return [JobCreated(job_id=cmd.job_id, commands=list(cmd.commands), project=cmd.project,
-                       parallel=cmd.parallel, fail_fast=cmd.fail_fast, labels=list(cmd.labels), at=now)]
+    return [
+        JobCreated(
+            job_id=cmd.job_id,
+            commands=list(cmd.commands),
+            project=cmd.project,
+            parallel=cmd.parallel,
+            fail_fast=cmd.fail_fast,
+            labels=list(cmd.labels),
+            at=now,
+        )
+    ]
 
 
 def decide_claim(state: JobState, claim: Claim, now: float) -> list[AnyJobEvent]:
     if state.state != "pending":
         raise InvalidTransition(f"job {state.job_id} is {state.state}, not pending", job_id=state.job_id)
-    return [JobStarted(node=claim.node, worker=claim.worker, lease_id=claim.lease_id,
-                       lease_seconds=claim.lease_seconds, attempt=state.attempt + 1, at=now)]
+    return [
+        JobStarted(
+            node=claim.node,
+            worker=claim.worker,
+            lease_id=claim.lease_id,
+            lease_seconds=claim.lease_seconds,
+            attempt=state.attempt + 1,
+            at=now,
+        )
+    ]
 
 
 def decide_cancel(state: JobState, now: float, reason: str | None = None) -> list[AnyJobEvent]:
@@ -522,13 +591,15 @@ def _check_holder(state: JobState, who: Holder) -> None:
     if state.state not in ACTIVE:
         if state.state == "pending":
             raise InvalidTransition(f"job {state.job_id} has not been claimed", job_id=state.job_id)
-        raise InvalidTransition(f"job {state.job_id} is already {state.state}", job_id=state.job_id,
-                                state=state.state)
+        raise InvalidTransition(
+            f"job {state.job_id} is already {state.state}", job_id=state.job_id, state=state.state
+        )
     if who.lease_id is not None and who.lease_id != state.lease_id:
         raise LeaseMismatch(f"lease {who.lease_id} does not hold job {state.job_id}", job_id=state.job_id)
     if who.node != state.node or who.worker != state.worker:
         raise LeaseMismatch(
-            f"job {state.job_id} is leased to {state.worker} on node {state.node}", job_id=state.job_id,
+            f"job {state.job_id} is leased to {state.worker} on node {state.node}",
+            job_id=state.job_id,
         )
 
 
@@ -538,7 +609,9 @@ def _resolve_index(state: JobState, r: Report, allowed: frozenset[str]) -> int:
     if r.command is None:
         raise ValidationFailed(f"{r.event}: command is required")
     if r.total is not None and r.total != len(state.commands):
-        raise ValidationFailed(f"{r.event}: total is {r.total}, but the job has {len(state.commands)} commands")
+        raise ValidationFailed(
+            f"{r.event}: total is {r.total}, but the job has {len(state.commands)} commands"
+        )
     if r.index is not None:
         if not 0 <= r.index < len(state.commands):
             raise ValidationFailed(f"{r.event}: index {r.index} is out of range 0..{len(state.commands) - 1}")
@@ -554,7 +627,9 @@ def _resolve_index(state: JobState, r: Report, allowed: frozenset[str]) -> int:
     current = state.commands[i].state
     if current not in allowed:
         raise InvalidTransition(
-            f"{r.event}: command {i} ({r.command!r}) is {current}", job_id=state.job_id, index=i,
+            f"{r.event}: command {i} ({r.command!r}) is {current}",
+            job_id=state.job_id,
+            index=i,
         )
     return i
 
@@ -576,8 +651,11 @@ def decide_report(state: JobState, who: Holder, r: Report, now: float) -> list[A
                 raise ValidationFailed("command_completed: duration is required")
             # A runner that never said it started the command may still report its end.
             i = _resolve_index(state, r, frozenset({"running", "pending"}))
-            return [JobCommandCompleted(command=state.commands[i].command, exit_code=r.exit_code,
-                                        duration=r.duration, index=i)]
+            return [
+                JobCommandCompleted(
+                    command=state.commands[i].command, exit_code=r.exit_code, duration=r.duration, index=i
+                )
+            ]
         case "cache_hit":
             i = _resolve_index(state, r, frozenset({"pending", "running"}))
             return [JobCacheHit(command=state.commands[i].command, index=i)]
@@ -603,16 +681,32 @@ def decide_finish(state: JobState, r: Report, now: float) -> list[AnyJobEvent]:
         # ends cancelled whatever the runner managed (a cancel that arrives
         # while the job is completing lets it finish gracefully); what the
         # runner reported is kept on the event.
-        return [JobCancelled(reason="cancel requested", exit_code=r.exit_code, runner_status=r.status,
-                             result=r.result, at=now)]
+        return [
+            JobCancelled(
+                reason="cancel requested",
+                exit_code=r.exit_code,
+                runner_status=r.status,
+                result=r.result,
+                at=now,
+            )
+        ]
     match r.status:
         case "completed":
-            return [JobCompleted(exit_code=0 if r.exit_code is None else r.exit_code, result=r.result, at=now)]
+            return [
+                JobCompleted(exit_code=0 if r.exit_code is None else r.exit_code, result=r.result, at=now)
+            ]
         case "failed":
             return [JobFailed(exit_code=r.exit_code, error=r.error, reason="runner", result=r.result, at=now)]
         case "cancelled":
-            return [JobCancelled(reason=r.error or "cancelled by the runner", exit_code=r.exit_code,
-                                 runner_status="cancelled", result=r.result, at=now)]
+            return [
+                JobCancelled(
+                    reason=r.error or "cancelled by the runner",
+                    exit_code=r.exit_code,
+                    runner_status="cancelled",
+                    result=r.result,
+                    at=now,
+                )
+            ]
     raise ValidationFailed(f"finish: unknown status {r.status!r}")  # pragma: no cover
 
 
@@ -626,8 +720,10 @@ def decide_lease_expired(state: JobState, now: float, deadline: float) -> list[A
     if state.state not in ACTIVE:
         return []
     silent = max(0.0, now - deadline) + (state.lease_seconds or 0)
-    msg = (f"runner {state.worker} on node {state.node} stopped heartbeating: "
-           f"no report for {silent:.0f} s (lease of {state.lease_seconds} s expired)")
+    msg = (
+        f"runner {state.worker} on node {state.node} stopped heartbeating: "
+        f"no report for {silent:.0f} s (lease of {state.lease_seconds} s expired)"
+    )
     if state.state == "cancelling":
         return [JobCancelled(reason=msg, at=now)]
     return [JobFailed(error=msg, reason="heartbeat_timeout", at=now)]

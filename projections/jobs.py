@@ -46,8 +46,9 @@ async def load(conn: Reader, job_id: str) -> model.JobState | None:
     return None if row is None else decode_state(row["body"])
 
 
-def apply(state: model.JobState | None, events: Sequence[model.AnyJobEvent],
-          recorded: Sequence[RecordedEvent]) -> model.JobState:
+def apply(
+    state: model.JobState | None, events: Sequence[model.AnyJobEvent], recorded: Sequence[RecordedEvent]
+) -> model.JobState:
     """Evolve `state` by the events just appended and stamp the log position."""
     new = state is None
     for ev in events:
@@ -81,9 +82,18 @@ ON CONFLICT (name) DO UPDATE SET seq = GREATEST(projection_checkpoints.seq, EXCL
 async def save(uow: Writer, state: model.JobState) -> None:
     """Upsert the row for `state`, and the projection's checkpoint."""
     await uow.execute(
-        _UPSERT, state.job_id, state.version, state.seq, state.created_seq,
-        state.state, state.project, state.node, state.worker, state.cancel_requested,
-        datetime.fromtimestamp(state.created_at, UTC), _encoder.encode(state).decode(),
+        _UPSERT,
+        state.job_id,
+        state.version,
+        state.seq,
+        state.created_seq,
+        state.state,
+        state.project,
+        state.node,
+        state.worker,
+        state.cancel_requested,
+        datetime.fromtimestamp(state.created_at, UTC),
+        _encoder.encode(state).decode(),
     )
     await uow.execute(_CHECKPOINT, NAME, SCHEMA_VERSION, state.seq)
 
@@ -105,6 +115,9 @@ async def replay(conn: Reader, job_id: str, *, to_seq: int | None = None) -> mod
         state = model.evolve(state, model.decode(r["type"], r["data"]))
     if state is not None and rows:
         state = msgspec.structs.replace(
-            state, version=rows[-1]["stream_seq"], seq=rows[-1]["seq"], created_seq=rows[0]["seq"],
+            state,
+            version=rows[-1]["stream_seq"],
+            seq=rows[-1]["seq"],
+            created_seq=rows[0]["seq"],
         )
     return state

@@ -24,13 +24,23 @@ def register(sub: Any) -> None:
     p = sub.add_parser("runner", help="reference job runner: claims jobs and runs their commands")
     add_client_flags(p)
     p.add_argument("--once", action="store_true", help="exit when nothing is left to claim")
-    p.add_argument("--parallel", type=int, default=os.cpu_count() or 2, metavar="N",
-                   help="at most N commands at once, for jobs created with parallel=true")
-    p.add_argument("--lease-seconds", type=int, default=60,
-                   help="the job fails if no report arrives for this long")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=os.cpu_count() or 2,
+        metavar="N",
+        help="at most N commands at once, for jobs created with parallel=true",
+    )
+    p.add_argument(
+        "--lease-seconds", type=int, default=60, help="the job fails if no report arrives for this long"
+    )
     p.add_argument("--heartbeat-seconds", type=float, default=10.0)
-    p.add_argument("--cancel-poll-seconds", type=float, default=1.0,
-                   help="how often to look for a cancel request between reports")
+    p.add_argument(
+        "--cancel-poll-seconds",
+        type=float,
+        default=1.0,
+        help="how often to look for a cancel request between reports",
+    )
     p.add_argument("--poll-seconds", type=float, default=1.0, help="wait between empty claims")
     p.add_argument("--project", action="append", dest="projects", help="claim only jobs of this project")
     p.set_defaults(func=cmd_runner)
@@ -46,8 +56,9 @@ def register(sub: Any) -> None:
 def _client(args: argparse.Namespace, timeout: float = 30.0) -> httpx.AsyncClient:
     if not args.token:
         raise SystemExit("a token is needed: --token or TASKLEDGER_TOKEN")
-    return httpx.AsyncClient(base_url=args.url.rstrip("/"), timeout=timeout,
-                             headers={"Authorization": f"Bearer {args.token}"})
+    return httpx.AsyncClient(
+        base_url=args.url.rstrip("/"), timeout=timeout, headers={"Authorization": f"Bearer {args.token}"}
+    )
 
 
 def _log(msg: str) -> None:
@@ -132,13 +143,16 @@ class JobRun:
     async def _run_command(self, index: int) -> int | None:
         """Run one command; its exit code, or None when it was stopped."""
         cmd = self.commands[index]
-        await self.report({"event": "command_started", "command": cmd, "index": index,
-                           "total": len(self.commands)})
+        await self.report(
+            {"event": "command_started", "command": cmd, "index": index, "total": len(self.commands)}
+        )
         _log(f"$ {cmd}")
         t0 = time.monotonic()
         # Its own session, so a cancel can kill the whole process group (the shell
         # and whatever it started), not just the shell.
-        proc = await asyncio.create_subprocess_shell(cmd, start_new_session=True, stdin=asyncio.subprocess.DEVNULL)
+        proc = await asyncio.create_subprocess_shell(
+            cmd, start_new_session=True, stdin=asyncio.subprocess.DEVNULL
+        )
         waiter = asyncio.ensure_future(proc.wait())
         stopper = asyncio.ensure_future(self.stop.wait())
         try:
@@ -155,8 +169,15 @@ class JobRun:
         code = proc.returncode if proc.returncode is not None else -1
         duration = round(time.monotonic() - t0, 3)
         _log(f"exit {code} in {duration:.2f}s: {cmd}")
-        await self.report({"event": "command_completed", "command": cmd, "index": index,
-                           "exit_code": code, "duration": duration})
+        await self.report(
+            {
+                "event": "command_completed",
+                "command": cmd,
+                "index": index,
+                "exit_code": code,
+                "duration": duration,
+            }
+        )
         return code
 
     async def run(self) -> None:
@@ -181,8 +202,9 @@ class JobRun:
                             if code != 0 and self.fail_fast:
                                 self.halt("fail_fast")
 
-                outcomes = await asyncio.gather(*(one(i) for i in range(len(self.commands))),
-                                                return_exceptions=True)
+                outcomes = await asyncio.gather(
+                    *(one(i) for i in range(len(self.commands))), return_exceptions=True
+                )
                 for o in outcomes:
                     if isinstance(o, BaseException):
                         raise o
@@ -199,8 +221,14 @@ class JobRun:
             if self.why == "fail_fast":
                 for i, cmd in enumerate(self.commands):
                     if i not in codes:
-                        await self.report({"event": "command_skipped", "command": cmd, "index": i,
-                                           "reason": "an earlier command failed (fail_fast)"})
+                        await self.report(
+                            {
+                                "event": "command_skipped",
+                                "command": cmd,
+                                "index": i,
+                                "reason": "an earlier command failed (fail_fast)",
+                            }
+                        )
             await self.report({"event": "stage", "stage": "completing"})
             await self._finish(codes)
         except LeaseLost as e:
@@ -222,16 +250,30 @@ class JobRun:
             raise LeaseLost("the job ended or moved while it ran")
         if self.why == "interrupted":
             await self.report({"event": "error", "error": "the runner was interrupted"})
-            await self.report({"event": "finish", "status": "failed", "exit_code": self.killed_exit,
-                               "error": "the runner was interrupted"})
+            await self.report(
+                {
+                    "event": "finish",
+                    "status": "failed",
+                    "exit_code": self.killed_exit,
+                    "error": "the runner was interrupted",
+                }
+            )
             return
         status = "failed" if failed else "completed"
-        await self.report({"event": "finish", "status": status, "exit_code": first_bad or 0,
-                           "result": {"failed": failed} if failed else None})
+        await self.report(
+            {
+                "event": "finish",
+                "status": status,
+                "exit_code": first_bad or 0,
+                "result": {"failed": failed} if failed else None,
+            }
+        )
         _log(f"job {self.job_id} {status}")
 
 
-async def _kill_group(proc: asyncio.subprocess.Process, waiter: asyncio.Future[int], grace: float = 3.0) -> None:
+async def _kill_group(
+    proc: asyncio.subprocess.Process, waiter: asyncio.Future[int], grace: float = 3.0
+) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
@@ -315,7 +357,7 @@ def cmd_runner(args: argparse.Namespace) -> int:
 def _fmt_secs(x: float | None) -> str:
     if x is None:
         return "--:--"
-    x = int(round(x))
+    x = round(x)
     h, rem = divmod(x, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
@@ -361,13 +403,19 @@ async def follow(http: httpx.AsyncClient, job_id: str, on_event: Callable[[dict[
     failures = 0
     while failures < 5:
         try:
-            async with aconnect_sse(http, "GET", f"/jobs/{job_id}/stream", params={"since_seq": since},
-                                    timeout=httpx.Timeout(30.0, read=60.0)) as es:
+            async with aconnect_sse(
+                http,
+                "GET",
+                f"/jobs/{job_id}/stream",
+                params={"since_seq": since},
+                timeout=httpx.Timeout(30.0, read=60.0),
+            ) as es:
                 if es.response.status_code in (404, 405):
                     raise _NoStream
                 if es.response.status_code != 200:
-                    raise httpx.HTTPStatusError("stream refused", request=es.response.request,
-                                                response=es.response)
+                    raise httpx.HTTPStatusError(
+                        "stream refused", request=es.response.request, response=es.response
+                    )
                 failures = 0
                 async for sse in es.aiter_sse():
                     if not sse.data:
@@ -379,7 +427,7 @@ async def follow(http: httpx.AsyncClient, job_id: str, on_event: Callable[[dict[
             break
         except (httpx.HTTPError, ValueError):
             failures += 1
-            await asyncio.sleep(min(2.0, 0.2 * 2 ** failures))
+            await asyncio.sleep(min(2.0, 0.2 * 2**failures))
     while True:
         r = await http.get(f"/jobs/{job_id}/events", params={"since_seq": since})
         if r.status_code == 200:
@@ -419,14 +467,20 @@ async def watch(http: httpx.AsyncClient, job_id: str) -> int:
 
     def show(task: Any, s: dict[str, Any]) -> None:
         progress.update(
-            task, total=s["total_commands"], completed=s["completed_commands"], state=s["state"],
-            stage=s["stage"], elapsed=_fmt_secs(s["elapsed_sec"]), eta=_fmt_secs(s["eta_sec"]),
+            task,
+            total=s["total_commands"],
+            completed=s["completed_commands"],
+            state=s["state"],
+            stage=s["stage"],
+            elapsed=_fmt_secs(s["elapsed_sec"]),
+            eta=_fmt_secs(s["eta_sec"]),
             cmd=s.get("current_command") or "",
         )
 
     with progress:
-        task = progress.add_task(job_id, total=st["total_commands"], state="", stage="", elapsed="",
-                                 eta="", cmd="")
+        task = progress.add_task(
+            job_id, total=st["total_commands"], state="", stage="", elapsed="", eta="", cmd=""
+        )
         follower = asyncio.create_task(follow(http, job_id, on_event))
         try:
             while True:

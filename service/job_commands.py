@@ -35,7 +35,8 @@ def view(state: model.JobState, now: float, lease_expires_at: datetime | None = 
         out["lease_seconds"] = state.lease_seconds
         out["lease_expires_at"] = (
             lease_expires_at.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-            if lease_expires_at is not None else None
+            if lease_expires_at is not None
+            else None
         )
     else:
         out["lease_seconds"] = None
@@ -55,7 +56,10 @@ async def _load(uow: UnitOfWork, job_id: str) -> model.JobState:
 
 
 async def _write(
-    uow: UnitOfWork, ctx: Ctx, state: model.JobState | None, job_id: str,
+    uow: UnitOfWork,
+    ctx: Ctx,
+    state: model.JobState | None,
+    job_id: str,
     events: Sequence[model.AnyJobEvent],
 ) -> model.JobState:
     """Append `events` (refusing if the stream moved on) and upsert the view."""
@@ -82,8 +86,9 @@ def create(ctx: Ctx, cmd: model.CreateJob) -> JobCommand:
     return fn
 
 
-def claim(ctx: Ctx, *, lease_seconds: int, projects: Sequence[str] | None) -> Callable[
-        [UnitOfWork], Awaitable[View | None]]:
+def claim(
+    ctx: Ctx, *, lease_seconds: int, projects: Sequence[str] | None
+) -> Callable[[UnitOfWork], Awaitable[View | None]]:
     """The oldest pending job (of `projects`, if given), or None.
 
     Claims are serialised by the log's head lock (every batch holds it), and a
@@ -109,18 +114,26 @@ def claim(ctx: Ctx, *, lease_seconds: int, projects: Sequence[str] | None) -> Ca
         state = projection.decode_state(row["body"])
         lease_id = uuid.uuid4().hex
         events = model.decide_claim(
-            state, model.Claim(node=node, worker=worker, lease_id=lease_id, lease_seconds=lease_seconds),
+            state,
+            model.Claim(node=node, worker=worker, lease_id=lease_id, lease_seconds=lease_seconds),
             uow.now,
         )
         new = await _write(uow, ctx, state, state.job_id, events)
         expires = _ts(uow.now + lease_seconds)
         await uow.execute(
-            "INSERT INTO job_leases (job_id, lease_id, node, worker, lease_seconds, expires_at, last_report_at) "
+            "INSERT INTO job_leases "
+            "(job_id, lease_id, node, worker, lease_seconds, expires_at, last_report_at) "
             "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job_id) DO UPDATE SET "
             "lease_id = EXCLUDED.lease_id, node = EXCLUDED.node, worker = EXCLUDED.worker, "
             "lease_seconds = EXCLUDED.lease_seconds, expires_at = EXCLUDED.expires_at, "
             "last_report_at = EXCLUDED.last_report_at",
-            new.job_id, lease_id, node, worker, lease_seconds, expires, _ts(uow.now),
+            new.job_id,
+            lease_id,
+            node,
+            worker,
+            lease_seconds,
+            expires,
+            _ts(uow.now),
         )
         return view(new, uow.now, expires)
 
@@ -136,7 +149,9 @@ async def _settle_lease(uow: UnitOfWork, state: model.JobState) -> datetime | No
         expires = _ts(uow.now + (state.lease_seconds or 60))
         await uow.execute(
             "UPDATE job_leases SET expires_at = $2, last_report_at = $3 WHERE job_id = $1",
-            state.job_id, expires, _ts(uow.now),
+            state.job_id,
+            expires,
+            _ts(uow.now),
         )
         return expires
     return None

@@ -19,7 +19,9 @@ async def _head(pool: asyncpg.Pool) -> int:
 
 
 async def _new_job(producer: Client, commands: list[str], **more: Any) -> str:
-    body = await producer.ok(await producer.post("/jobs", {"commands": commands, "project": "p", **more}), 201)
+    body = await producer.ok(
+        await producer.post("/jobs", {"commands": commands, "project": "p", **more}), 201
+    )
     return str(body["job_id"])
 
 
@@ -37,7 +39,9 @@ async def _assert_view_is_fold_of_log(pool: asyncpg.Pool, job_id: str) -> None:
     assert stored == folded
 
 
-async def test_full_lifecycle_reports_stage_progress_eta_and_result(harness: AppHarness, pool: asyncpg.Pool) -> None:
+async def test_full_lifecycle_reports_stage_progress_eta_and_result(
+    harness: AppHarness, pool: asyncpg.Pool
+) -> None:
     producer = await harness.client("producer")
     runner = await harness.client("worker", node="n1")
     jid = await _new_job(producer, ["ruff check .", "pytest -q", "mypy ."])
@@ -53,39 +57,61 @@ async def test_full_lifecycle_reports_stage_progress_eta_and_result(harness: App
     await rep({"event": "stage", "stage": "sequential"})
     await rep({"event": "command_started", "command": "ruff check .", "index": 0, "total": 3})
     st = await rep({"event": "heartbeat"})
-    assert st["current_command"] == "ruff check ." and st["eta_sec"] is None and st["cancel_requested"] is False
+    assert (
+        st["current_command"] == "ruff check ." and st["eta_sec"] is None and st["cancel_requested"] is False
+    )
     await asyncio.sleep(0.3)
     st = await rep({"event": "command_completed", "command": "ruff check .", "exit_code": 0, "duration": 0.3})
     assert st["completed_commands"] == 1 and st["progress"] == 33.33 and st["current_command"] is None
-    # eta = elapsed / completed × remaining
+    # eta = elapsed / completed x remaining
     assert st["eta_sec"] == pytest.approx(st["elapsed_sec"] * 2, abs=0.05) and st["eta_sec"] >= 0.5
     await rep({"event": "cache_hit", "command": "pytest -q"})
     await rep({"event": "command_started", "command": "mypy .", "index": 2})
     await rep({"event": "error", "error": "mypy: cache corrupt", "command": "mypy ."})
-    await rep({"event": "command_completed", "command": "mypy .", "exit_code": 1, "duration": 0.5, "index": 2})
+    await rep(
+        {"event": "command_completed", "command": "mypy .", "exit_code": 1, "duration": 0.5, "index": 2}
+    )
     await rep({"event": "stage", "stage": "completing"})
     end = await rep({"event": "finish", "status": "failed", "exit_code": 1, "result": {"log": "tail"}})
     assert end["state"] == "failed" and end["progress"] == 100 and end["eta_sec"] == 0
-    assert end["result"] == {"status": "failed", "exit_code": 1, "completed_commands": 3,
-                             "failed_commands": ["mypy ."], "output": {"log": "tail"}}
+    assert end["result"] == {
+        "status": "failed",
+        "exit_code": 1,
+        "completed_commands": 3,
+        "failed_commands": ["mypy ."],
+        "output": {"log": "tail"},
+    }
     assert [c["state"] for c in end["commands"]] == ["succeeded", "cached", "failed"]
     assert end["error"] == "mypy .: mypy: cache corrupt"
     assert end["lease_expires_at"] is None
     elapsed = end["elapsed_sec"]
     await asyncio.sleep(0.2)
-    assert (await producer.ok(await producer.get(f"/jobs/{jid}")))["elapsed_sec"] == elapsed  # frozen at the end
+    assert (await producer.ok(await producer.get(f"/jobs/{jid}")))[
+        "elapsed_sec"
+    ] == elapsed  # frozen at the end
 
     evs = (await producer.ok(await producer.get(f"/jobs/{jid}/events", params={"since_seq": 0})))["events"]
     assert [e["stream_seq"] for e in evs] == list(range(1, len(evs) + 1))
     assert [e["type"] for e in evs] == [
-        "job.created", "job.started", "job.stage", "job.command_started", "job.heartbeat",
-        "job.command_completed", "job.cache_hit", "job.command_started", "job.error",
-        "job.command_completed", "job.stage", "job.failed",
+        "job.created",
+        "job.started",
+        "job.stage",
+        "job.command_started",
+        "job.heartbeat",
+        "job.command_completed",
+        "job.cache_hit",
+        "job.command_started",
+        "job.error",
+        "job.command_completed",
+        "job.stage",
+        "job.failed",
     ]
     assert all(e["stream"] == f"job:{jid}" and e["meta"]["project"] == "p" for e in evs)
     page = await producer.ok(await producer.get(f"/jobs/{jid}/events", params={"since_seq": 10}))
     assert [e["stream_seq"] for e in page["events"]] == [11, 12] and page["next_seq"] == 12
-    assert (await producer.ok(await producer.get(f"/jobs/{jid}/events", params={"since_seq": 99})))["events"] == []
+    assert (await producer.ok(await producer.get(f"/jobs/{jid}/events", params={"since_seq": 99})))[
+        "events"
+    ] == []
     assert (await pool.fetchval("SELECT count(*) FROM job_leases")) == 0
     await _assert_view_is_fold_of_log(pool, jid)
 
@@ -99,7 +125,12 @@ async def test_claim_is_fifo_once_each_and_204_when_none(harness: AppHarness) ->
     third = await _new_job(producer, ["true"])
     got = await asyncio.gather(*(w.post("/jobs/claim", {"lease_seconds": 30}) for w in (a, b, a, b)))
     ids = sorted(r.json()["job_id"] for r in got if r.status_code == 200)
-    assert ids == sorted([first, second, third]) and sorted(r.status_code for r in got) == [200, 200, 200, 204]
+    assert ids == sorted([first, second, third]) and sorted(r.status_code for r in got) == [
+        200,
+        200,
+        200,
+        204,
+    ]
     later = await _new_job(producer, ["true"], project="x")
     assert (await a.post("/jobs/claim", {"projects": ["y"]})).status_code == 204
     assert (await a.ok(await a.post("/jobs/claim", {"projects": ["x", "y"]})))["job_id"] == later
@@ -108,9 +139,12 @@ async def test_claim_is_fifo_once_each_and_204_when_none(harness: AppHarness) ->
 async def test_job_not_found_is_404_everywhere(harness: AppHarness) -> None:
     producer = await harness.client("producer")
     runner = await harness.client("worker", node="n1")
-    for r in (await producer.get("/jobs/nope"), await producer.get("/jobs/nope/events"),
-              await producer.post("/jobs/nope/cancel"),
-              await runner.post("/jobs/nope/report", {"event": "heartbeat"})):
+    for r in (
+        await producer.get("/jobs/nope"),
+        await producer.get("/jobs/nope/events"),
+        await producer.post("/jobs/nope/cancel"),
+        await runner.post("/jobs/nope/report", {"event": "heartbeat"}),
+    ):
         assert r.status_code == 404 and r.json()["code"] == "job_not_found", r.text
 
 
@@ -154,14 +188,18 @@ async def test_cancel_answers_follow_the_failure_mode_table(harness: AppHarness,
     for status in ("completed", "failed"):
         done = await _new_job(producer, ["true"])
         await runner.ok(await runner.post("/jobs/claim", {}), 200)
-        await _reporter(runner, done)({"event": "finish", "status": status, "exit_code": 0 if status == "completed" else 2})
+        await _reporter(runner, done)(
+            {"event": "finish", "status": status, "exit_code": 0 if status == "completed" else 2}
+        )
         before = await _head(pool)
         again = await producer.post(f"/jobs/{done}/cancel")
         assert again.status_code == 200 and again.json()["state"] == status
         assert await _head(pool) == before
 
 
-async def test_cancel_during_completion_ends_cancelled_and_keeps_what_the_runner_did(harness: AppHarness, pool: asyncpg.Pool) -> None:
+async def test_cancel_during_completion_ends_cancelled_and_keeps_what_the_runner_did(
+    harness: AppHarness, pool: asyncpg.Pool
+) -> None:
     producer = await harness.client("producer")
     runner = await harness.client("worker", node="n1")
     jid = await _new_job(producer, ["true"])
@@ -196,21 +234,26 @@ async def test_only_the_lease_holder_may_report(harness: AppHarness, pool: async
     await _reporter(holder, jid)({"event": "heartbeat", "lease_id": claimed["lease_id"]})
 
 
-@pytest.mark.parametrize("body", [
-    {},
-    {"commands": []},
-    {"commands": [""]},
-    {"commands": ["   "]},
-    {"commands": "true"},
-    {"commands": [1]},
-    {"commands": ["true"], "extra": 1},
-    {"commands": ["x" * 8193]},
-    {"commands": ["true"] * 1001},
-    {"commands": ["true"], "project": ""},
-    {"commands": ["true"], "job_id": "has space"},
-    {"commands": ["true"], "parallel": "yes"},
-])
-async def test_invalid_jobs_are_400_and_write_nothing(harness: AppHarness, pool: asyncpg.Pool, body: Any) -> None:
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"commands": []},
+        {"commands": [""]},
+        {"commands": ["   "]},
+        {"commands": "true"},
+        {"commands": [1]},
+        {"commands": ["true"], "extra": 1},
+        {"commands": ["x" * 8193]},
+        {"commands": ["true"] * 1001},
+        {"commands": ["true"], "project": ""},
+        {"commands": ["true"], "job_id": "has space"},
+        {"commands": ["true"], "parallel": "yes"},
+    ],
+)
+async def test_invalid_jobs_are_400_and_write_nothing(
+    harness: AppHarness, pool: asyncpg.Pool, body: Any
+) -> None:
     producer = await harness.client("producer")
     before = await _head(pool)
     r = await producer.post("/jobs", body)
@@ -218,25 +261,30 @@ async def test_invalid_jobs_are_400_and_write_nothing(harness: AppHarness, pool:
     assert await _head(pool) == before
 
 
-@pytest.mark.parametrize("report", [
-    {"event": "nope"},
-    {"event": "stage", "stage": "lunch"},
-    {"event": "stage"},
-    {"event": "command_started"},
-    {"event": "command_started", "command": "not a command of this job"},
-    {"event": "command_started", "command": "b", "index": 0},
-    {"event": "command_started", "command": "a", "index": 7},
-    {"event": "command_started", "command": "a", "total": 9},
-    {"event": "command_completed", "command": "a", "exit_code": 0},
-    {"event": "command_completed", "command": "a", "duration": 1},
-    {"event": "command_completed", "command": "a", "exit_code": 0, "duration": -1},
-    {"event": "heartbeat", "exit_code": 1},
-    {"event": "heartbeat", "surprise": 1},
-    {"event": "error"},
-    {"event": "finish"},
-    {"event": "finish", "status": "exploded"},
-])
-async def test_invalid_reports_are_400_and_write_nothing(harness: AppHarness, pool: asyncpg.Pool, report: Any) -> None:
+@pytest.mark.parametrize(
+    "report",
+    [
+        {"event": "nope"},
+        {"event": "stage", "stage": "lunch"},
+        {"event": "stage"},
+        {"event": "command_started"},
+        {"event": "command_started", "command": "not a command of this job"},
+        {"event": "command_started", "command": "b", "index": 0},
+        {"event": "command_started", "command": "a", "index": 7},
+        {"event": "command_started", "command": "a", "total": 9},
+        {"event": "command_completed", "command": "a", "exit_code": 0},
+        {"event": "command_completed", "command": "a", "duration": 1},
+        {"event": "command_completed", "command": "a", "exit_code": 0, "duration": -1},
+        {"event": "heartbeat", "exit_code": 1},
+        {"event": "heartbeat", "surprise": 1},
+        {"event": "error"},
+        {"event": "finish"},
+        {"event": "finish", "status": "exploded"},
+    ],
+)
+async def test_invalid_reports_are_400_and_write_nothing(
+    harness: AppHarness, pool: asyncpg.Pool, report: Any
+) -> None:
     producer = await harness.client("producer")
     runner = await harness.client("worker", node="n1")
     jid = await _new_job(producer, ["a", "b"])
@@ -255,14 +303,21 @@ async def test_bad_ids_cursors_and_claims_are_400(harness: AppHarness) -> None:
     jid = await _new_job(producer, ["true"])
     for bad in ("-1", "abc", "1.5"):
         assert (await producer.get(f"/jobs/{jid}/events", params={"since_seq": bad})).status_code == 400
-    for body in ({"lease_seconds": 0}, {"lease_seconds": 3601}, {"lease_seconds": "x"}, {"nope": 1},
-                 {"projects": []}):
+    for body in (
+        {"lease_seconds": 0},
+        {"lease_seconds": 3601},
+        {"lease_seconds": "x"},
+        {"nope": 1},
+        {"projects": []},
+    ):
         r = await runner.post("/jobs/claim", body)
         assert r.status_code == 400, (body, r.text)
-    assert (await producer.post("/jobs", {"commands": ["true"]}, params={"timeout": "-1", "wait": "true"})
-            ).status_code == 400
-    assert (await producer.post("/jobs", {"commands": ["true"]}, params={"timeout": "301", "wait": "true"})
-            ).status_code == 400
+    assert (
+        await producer.post("/jobs", {"commands": ["true"]}, params={"timeout": "-1", "wait": "true"})
+    ).status_code == 400
+    assert (
+        await producer.post("/jobs", {"commands": ["true"]}, params={"timeout": "301", "wait": "true"})
+    ).status_code == 400
 
 
 async def test_client_chosen_id_conflicts_and_idempotency_key(harness: AppHarness) -> None:

@@ -23,7 +23,9 @@ TERMINAL = ("completed", "failed", "cancelled")
 class Api:
     def __init__(self, server: ServerProcess, token: str) -> None:
         self.token = token
-        self.http = httpx.Client(base_url=server.base, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        self.http = httpx.Client(
+            base_url=server.base, headers={"Authorization": f"Bearer {token}"}, timeout=60
+        )
 
     def create(self, commands: list[str], **more: Any) -> str:
         r = self.http.post("/jobs", json={"commands": commands, "project": "rt", **more})
@@ -53,8 +55,21 @@ class RunnerProcess:
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "runner", "--url", server.base, "--token", token, *extra],
-                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "service.cli",
+                    "runner",
+                    "--url",
+                    server.base,
+                    "--token",
+                    token,
+                    *extra,
+                ],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def output(self) -> str:
@@ -79,8 +94,15 @@ def producer(server: ServerProcess) -> Iterator[Api]:
 
 @pytest.fixture
 def runner(server: ServerProcess, tmp_path: Path) -> Iterator[RunnerProcess]:
-    r = RunnerProcess(server, server.token("worker", node="runner-node"), "--poll-seconds", "0.1",
-                      "--cancel-poll-seconds", "0.2", log=tmp_path / "runner.log")
+    r = RunnerProcess(
+        server,
+        server.token("worker", node="runner-node"),
+        "--poll-seconds",
+        "0.1",
+        "--cancel-poll-seconds",
+        "0.2",
+        log=tmp_path / "runner.log",
+    )
     yield r
     r.stop()
 
@@ -94,13 +116,18 @@ def _alive(pid: int) -> bool:
 
 
 def test_runner_runs_the_commands_in_order_and_fails_when_one_fails(
-        server: ServerProcess, producer: Api, tmp_path: Path) -> None:
+    server: ServerProcess, producer: Api, tmp_path: Path
+) -> None:
     marker = tmp_path / "ran"
     jid = producer.create([f"touch {marker}", "exit 3", f"echo after >> {marker}"])
     tok = server.token("worker", node="once-node")
     out = subprocess.run(
         [sys.executable, "-m", "service.cli", "runner", "--url", server.base, "--token", tok, "--once"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     st = producer.get(jid)
@@ -110,14 +137,21 @@ def test_runner_runs_the_commands_in_order_and_fails_when_one_fails(
     assert st["result"]["failed_commands"] == ["exit 3"] and st["exit_code"] == 3
     assert st["node"] == "once-node"
     types = [e["type"] for e in producer.events(jid)]
-    assert types == ["job.created", "job.started", "job.stage",
-                     *["job.command_started", "job.command_completed"] * 3, "job.stage", "job.failed"]
+    assert types == [
+        "job.created",
+        "job.started",
+        "job.stage",
+        *["job.command_started", "job.command_completed"] * 3,
+        "job.stage",
+        "job.failed",
+    ]
     durations = [e["data"]["duration"] for e in producer.events(jid) if e["type"] == "job.command_completed"]
     assert all(0 <= d < 10 for d in durations)
 
 
 def test_cancelling_a_running_sleep_kills_it_quickly(
-        producer: Api, runner: RunnerProcess, tmp_path: Path) -> None:
+    producer: Api, runner: RunnerProcess, tmp_path: Path
+) -> None:
     pidfile = tmp_path / "pid"
     jid = producer.create([f"echo $$ > {pidfile}; exec sleep 60", "true"])
     producer.wait_for(jid, lambda s: s["current_command"] is not None, timeout=30)
@@ -160,17 +194,26 @@ def test_fail_fast_skips_the_rest(producer: Api, runner: RunnerProcess, tmp_path
 
 def test_wait_true_answers_when_the_job_ends(producer: Api, runner: RunnerProcess) -> None:
     t0 = time.monotonic()
-    r = producer.http.post("/jobs", params={"wait": "true", "timeout": "30"},
-                           json={"commands": ["sleep 0.5", "true"]})
+    r = producer.http.post(
+        "/jobs", params={"wait": "true", "timeout": "30"}, json={"commands": ["sleep 0.5", "true"]}
+    )
     assert r.status_code == 201 and r.json()["state"] == "completed", r.text
     assert r.json()["completed_commands"] == 2 and time.monotonic() - t0 < 20
 
 
 def test_a_runner_killed_mid_job_leaves_it_failed_by_the_sweeper(
-        server: ServerProcess, producer: Api, tmp_path: Path) -> None:
+    server: ServerProcess, producer: Api, tmp_path: Path
+) -> None:
     jid = producer.create(["sleep 60"])
-    r = RunnerProcess(server, server.token("worker", node="doomed"), "--lease-seconds", "2",
-                      "--poll-seconds", "0.1", log=tmp_path / "doomed.log")
+    r = RunnerProcess(
+        server,
+        server.token("worker", node="doomed"),
+        "--lease-seconds",
+        "2",
+        "--poll-seconds",
+        "0.1",
+        log=tmp_path / "doomed.log",
+    )
     try:
         producer.wait_for(jid, lambda s: s["current_command"] == "sleep 60")
         os.killpg(r.proc.pid, signal.SIGKILL)  # the runner and its command: no goodbye
@@ -183,15 +226,32 @@ def test_a_runner_killed_mid_job_leaves_it_failed_by_the_sweeper(
 
 
 def test_job_watch_draws_progress_and_ends_with_the_result(
-        server: ServerProcess, producer: Api, runner: RunnerProcess) -> None:
+    server: ServerProcess, producer: Api, runner: RunnerProcess
+) -> None:
     jid = producer.create(["sleep 0.8", "exit 4"], project="watch")
     reader = server.token("reader")
     out: dict[str, Any] = {}
 
     def watch() -> None:
         out["p"] = subprocess.run(
-            [sys.executable, "-m", "service.cli", "job", "watch", jid, "--url", server.base, "--token", reader],
-            cwd=ROOT, capture_output=True, text=True, timeout=60, env=dict(os.environ, COLUMNS="160"),
+            [
+                sys.executable,
+                "-m",
+                "service.cli",
+                "job",
+                "watch",
+                jid,
+                "--url",
+                server.base,
+                "--token",
+                reader,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=dict(os.environ, COLUMNS="160"),
         )
 
     t = threading.Thread(target=watch)
@@ -202,7 +262,22 @@ def test_job_watch_draws_progress_and_ends_with_the_result(
     assert f"job {jid} failed" in p.stdout and "2/2 commands, exit code 4" in p.stdout, p.stdout
     assert "sleep 0.8" in p.stdout and "exit 4" in p.stdout
     r = subprocess.run(
-        [sys.executable, "-m", "service.cli", "job", "watch", "no-such-job", "--url", server.base,
-         "--token", reader], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "job",
+            "watch",
+            "no-such-job",
+            "--url",
+            server.base,
+            "--token",
+            reader,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert r.returncode == 2 and "not exist" in r.stdout

@@ -53,15 +53,27 @@ class ClaimRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     projects: Annotated[list[Project], msgspec.Meta(min_length=1, max_length=100)] | None = None
 
 
-ReportEvent = Literal["stage", "command_started", "command_completed", "cache_hit", "command_skipped",
-                      "heartbeat", "error", "finish"]
+ReportEvent = Literal[
+    "stage",
+    "command_started",
+    "command_completed",
+    "cache_hit",
+    "command_skipped",
+    "heartbeat",
+    "error",
+    "finish",
+]
 
 
 class ReportRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     event: ReportEvent
     lease_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
-    stage: Literal["init", "load_cache", "select_cmds", "running", "parallel", "sequential",
-                   "completing", "cleanup"] | None = None
+    stage: (
+        Literal[
+            "init", "load_cache", "select_cmds", "running", "parallel", "sequential", "completing", "cleanup"
+        ]
+        | None
+    ) = None
     command: CommandText | None = None
     index: Annotated[int, msgspec.Meta(ge=0, le=MAX_COMMANDS)] | None = None
     total: Annotated[int, msgspec.Meta(ge=1, le=MAX_COMMANDS)] | None = None
@@ -93,15 +105,21 @@ _OPTIONAL: Final = frozenset({"event", "lease_id"})
 
 def _to_report(data: ReportRequest) -> model.Report:
     allowed = _REPORT_FIELDS[data.event] | _OPTIONAL
-    extra = sorted(
-        f for f in data.__struct_fields__ if f not in allowed and getattr(data, f) is not None
-    )
+    extra = sorted(f for f in data.__struct_fields__ if f not in allowed and getattr(data, f) is not None)
     if extra:
         raise ValidationFailed(f"a {data.event} report does not take {', '.join(extra)}")
     return model.Report(
-        event=data.event, stage=data.stage, command=data.command, index=data.index, total=data.total,
-        exit_code=data.exit_code, duration=data.duration, reason=data.reason, error=data.error,
-        status=data.status, result=data.result,
+        event=data.event,
+        stage=data.stage,
+        command=data.command,
+        index=data.index,
+        total=data.total,
+        exit_code=data.exit_code,
+        duration=data.duration,
+        reason=data.reason,
+        error=data.error,
+        status=data.status,
+        result=data.result,
     )
 
 
@@ -110,10 +128,10 @@ class EventsPage(msgspec.Struct, kw_only=True):
     next_seq: int
 
 
-async def _wait_for_end(request: Request[Any, Any, Any], job_id: str, timeout: float) -> dict[str, Any]:
+async def _wait_for_end(request: Request[Any, Any, Any], job_id: str, seconds: float) -> dict[str, Any]:
     """Poll the view (shared by every replica) until the job ends or `timeout` passes."""
     pool = request.app.state.pool
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + seconds
     while True:
         current = await job_commands.read_view(pool, job_id, time.time())
         if current is None:
@@ -133,14 +151,18 @@ class JobController(Controller):
         request: Request[Any, Any, Any],
         data: JSONBody[CreateJobRequest],
         wait: FromQuery[bool] = False,
-        timeout: Annotated[float, QueryParameter(ge=0, le=WAIT_MAX_SECONDS)] = 30.0,
+        wait_seconds: Annotated[float, QueryParameter(name="timeout", ge=0, le=WAIT_MAX_SECONDS)] = 30.0,
     ) -> Response[Any]:
         """Create a job (pending) and answer at once; `?wait=true` answers when it ends
         or, after `timeout` seconds, with its current status."""
         ctx = ctx_of(request)
         cmd = model.CreateJob(
-            job_id=data.job_id or "job-" + uuid.uuid4().hex, commands=list(data.commands),
-            project=data.project, parallel=data.parallel, fail_fast=data.fail_fast, labels=list(data.labels),
+            job_id=data.job_id or "job-" + uuid.uuid4().hex,
+            commands=list(data.commands),
+            project=data.project,
+            parallel=data.parallel,
+            fail_fast=data.fail_fast,
+            labels=list(data.labels),
         )
         result = await run(request, ctx, job_commands.create(ctx, cmd), status=201)
         if not wait:
@@ -148,7 +170,7 @@ class JobController(Controller):
         job_id = cmd.job_id
         if isinstance(result, Stored):
             job_id = msgspec.json.decode(result.body)["job_id"]
-        return Response(await _wait_for_end(request, job_id, timeout), status_code=201)
+        return Response(await _wait_for_end(request, job_id, wait_seconds), status_code=201)
 
     @get("/", operation_id="listJobs")
     async def list_jobs(
@@ -207,7 +229,8 @@ class JobController(Controller):
             rows = await conn.fetch(
                 f"SELECT stream_seq, {EVENT_JSON_SQL} AS j FROM events WHERE stream = $1 AND stream_seq > $2 "
                 f"ORDER BY stream_seq LIMIT {int(limit)}",
-                stream_of(job_id), since,
+                stream_of(job_id),
+                since,
             )
         return EventsPage(
             events=[msgspec.Raw(r["j"].encode()) for r in rows],
