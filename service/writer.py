@@ -84,7 +84,7 @@ Command = Callable[[UnitOfWork], Awaitable[T]]
 
 
 class _Item:
-    __slots__ = ("enqueued", "fn", "future")
+    __slots__ = ("fn", "future", "enqueued")
 
     def __init__(self, fn: Command[Any], future: asyncio.Future[Any]) -> None:
         self.fn = fn
