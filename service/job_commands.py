@@ -77,11 +77,11 @@ async def _write(
 
 def create(ctx: Ctx, cmd: model.CreateJob) -> JobCommand:
     async def fn(uow: UnitOfWork) -> View:
-        events = model.decide_create(cmd, uow.now)
+        events = model.decide_create(cmd, uow.now.timestamp())
         if await uow.fetchval("SELECT 1 FROM jobs WHERE id = $1", cmd.job_id):
             raise AlreadyExists(f"job {cmd.job_id} already exists", job_id=cmd.job_id)
         state = await _write(uow, ctx, None, cmd.job_id, events)
-        return view(state, uow.now)
+        return view(state, uow.now.timestamp())
 
     return fn
 
@@ -116,10 +116,10 @@ def claim(
         events = model.decide_claim(
             state,
             model.Claim(node=node, worker=worker, lease_id=lease_id, lease_seconds=lease_seconds),
-            uow.now,
+            uow.now.timestamp(),
         )
         new = await _write(uow, ctx, state, state.job_id, events)
-        expires = _ts(uow.now + lease_seconds)
+        expires = _ts(uow.now.timestamp() + lease_seconds)
         await uow.execute(
             "INSERT INTO job_leases "
             "(job_id, lease_id, node, worker, lease_seconds, expires_at, last_report_at) "
@@ -133,9 +133,9 @@ def claim(
             worker,
             lease_seconds,
             expires,
-            _ts(uow.now),
+            _ts(uow.now.timestamp()),
         )
-        return view(new, uow.now, expires)
+        return view(new, uow.now.timestamp(), expires)
 
     return fn
 
@@ -146,12 +146,12 @@ async def _settle_lease(uow: UnitOfWork, state: model.JobState) -> datetime | No
         await uow.execute("DELETE FROM job_leases WHERE job_id = $1", state.job_id)
         return None
     if state.state in model.ACTIVE:
-        expires = _ts(uow.now + (state.lease_seconds or 60))
+        expires = _ts(uow.now.timestamp() + (state.lease_seconds or 60))
         await uow.execute(
             "UPDATE job_leases SET expires_at = $2, last_report_at = $3 WHERE job_id = $1",
             state.job_id,
             expires,
-            _ts(uow.now),
+            _ts(uow.now.timestamp()),
         )
         return expires
     return None
@@ -162,11 +162,11 @@ def report(ctx: Ctx, job_id: str, r: model.Report, lease_id: str | None) -> JobC
 
     async def fn(uow: UnitOfWork) -> View:
         state = await _load(uow, job_id)
-        events = model.decide_report(state, holder, r, uow.now)
+        events = model.decide_report(state, holder, r, uow.now.timestamp())
         if events:
             state = await _write(uow, ctx, state, job_id, events)
         expires = await _settle_lease(uow, state)
-        return view(state, uow.now, expires)
+        return view(state, uow.now.timestamp(), expires)
 
     return fn
 
@@ -174,13 +174,13 @@ def report(ctx: Ctx, job_id: str, r: model.Report, lease_id: str | None) -> JobC
 def cancel(ctx: Ctx, job_id: str) -> JobCommand:
     async def fn(uow: UnitOfWork) -> View:
         state = await _load(uow, job_id)
-        events = model.decide_cancel(state, uow.now)
+        events = model.decide_cancel(state, uow.now.timestamp())
         if events:
             state = await _write(uow, ctx, state, job_id, events)
             if state.terminal:
                 await uow.execute("DELETE FROM job_leases WHERE job_id = $1", job_id)
         expires = await uow.fetchval("SELECT expires_at FROM job_leases WHERE job_id = $1", job_id)
-        return view(state, uow.now, expires)
+        return view(state, uow.now.timestamp(), expires)
 
     return fn
 
@@ -191,17 +191,17 @@ def expire_lease(job_id: str, ctx: Ctx = SYSTEM_CTX) -> Callable[[UnitOfWork], A
 
     async def fn(uow: UnitOfWork) -> View | None:
         lease = await uow.fetchrow("SELECT expires_at FROM job_leases WHERE job_id = $1", job_id)
-        if lease is None or lease["expires_at"].timestamp() > uow.now:
+        if lease is None or lease["expires_at"].timestamp() > uow.now.timestamp():
             return None
         state = await projection.load(uow, job_id)
         if state is None:
             await uow.execute("DELETE FROM job_leases WHERE job_id = $1", job_id)
             return None
-        events = model.decide_lease_expired(state, uow.now, lease["expires_at"].timestamp())
+        events = model.decide_lease_expired(state, uow.now.timestamp(), lease["expires_at"].timestamp())
         if events:
             state = await _write(uow, ctx, state, job_id, events)
         await uow.execute("DELETE FROM job_leases WHERE job_id = $1", job_id)
-        return view(state, uow.now)
+        return view(state, uow.now.timestamp())
 
     return fn
 
