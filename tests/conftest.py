@@ -189,8 +189,8 @@ class ServerProcess:
     def start(self, timeout: float = 60) -> ServerProcess:
         cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
                "--port", str(self.port), "--server", self.server, "--workers", str(self.workers)]
-        env = dict(os.environ, TASKLEDGER_ADMIN_TOKEN=ADMIN_TOKEN, TASKLEDGER_SWEEP_INTERVAL_SECONDS="0.2",
-                   **self.extra_env)
+        env = {**os.environ, "TASKLEDGER_ADMIN_TOKEN": ADMIN_TOKEN,
+               "TASKLEDGER_SWEEP_INTERVAL_SECONDS": "0.2", **self.extra_env}
         env.pop("TASKLEDGER_DATABASE_URL", None)
         if self.db_url:
             cmd += ["--database-url", self.db_url]
