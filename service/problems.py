@@ -6,7 +6,6 @@ import logging
 from typing import Any
 
 import asyncpg
-
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR

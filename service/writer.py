@@ -87,7 +87,7 @@ Command = Callable[[UnitOfWork], Awaitable[T]]
 
 
 class _Item:
-    __slots__ = ("fn", "future", "enqueued")
+    __slots__ = ("enqueued", "fn", "future")
 
     def __init__(self, fn: Command[Any], future: asyncio.Future[Any]) -> None:
         self.fn = fn
@@ -135,13 +135,11 @@ class Writer:
         if self._task is not None:
             # let queued commands finish (for a while), then stop
             deadline = time.monotonic() + 10
-            while not self._queue.empty() and not self._task.done() and time.monotonic() < deadline:
+            while not self._queue.empty() and not self._task.done() and time.monotonic() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         if self._conn is not None and not self._conn.is_closed():
             await self._conn.close()
 

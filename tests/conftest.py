@@ -136,7 +136,8 @@ class Client:
         return await self.http.post(path, json=json, headers={**self.headers, **kw.pop("headers", {})}, **kw)
 
     async def ok(self, r: Any, *codes: int) -> Any:
-        assert r.status_code in (codes or (200, 201)), f"{r.request.method} {r.request.url} -> {r.status_code} {r.text[:800]}"
+        assert r.status_code in (codes or (200, 201)), (
+            f"{r.request.method} {r.request.url} -> {r.status_code} {r.text[:800]}")
         return r.json() if r.content else None
 
 
