@@ -620,12 +620,14 @@ def decide_claim(
 
 
 def _check_lease(s: TaskState, lease_id: str, worker: str, states: Sequence[str], action: str) -> None:
-    if s.state not in states:
-        raise InvalidTransition(f"cannot {action} task {s.id}: it is {s.state}", state=s.state)
-    if s.lease_id != lease_id:
-        raise LeaseMismatch(f"lease {lease_id!r} does not hold task {s.id}", task_id=s.id)
+    # The lease is checked first: a request that does not hold the task is told
+    # so, whatever state the task is in.
+    if s.lease_id is None or s.lease_id != lease_id:
+        raise LeaseMismatch(f"lease {lease_id!r} does not hold task {s.id}", task_id=s.id, state=s.state)
     if s.worker != worker:
         raise LeaseMismatch(f"task {s.id} is leased to another worker", task_id=s.id)
+    if s.state not in states:
+        raise InvalidTransition(f"cannot {action} task {s.id}: it is {s.state}", state=s.state)
 
 
 def decide_start(s: TaskState, *, lease_id: str, worker: str) -> list[TaskEvent]:
