@@ -16,7 +16,6 @@ from typing import Any
 
 import asyncpg
 import httpx
-import pytest
 
 from events import store
 from events.canonical import verify_chain
@@ -43,11 +42,6 @@ async def _log_and_view(db_url: str) -> tuple[list[dict[str, Any]], set[str], in
         await conn.close()
 
 
-# tests.conftest.ServerProcess hands Popen a log file it never closes; the leak is
-# the helper's, not the server's (see the report on the bench branch).
-@pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <_io.FileIO name='[^']*tl-serve-:pytest.PytestUnraisableExceptionWarning"
-)
 def test_tasks_acknowledged_before_a_kill_9_are_there_after_the_restart_and_the_log_stays_gapless(
     db_url: str,
 ) -> None:
