@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -158,10 +159,11 @@ end
 # ---------------------------------------------------------------------------
 # pgbench scripts: the create path's transaction at batch size 1.
 
-# Exactly the serialised append of events.store + the create command: lock the
-# head, check the task does not exist, insert its task.created event with
-# seq = head + 1 (and the stream-version guard), upsert the view row, write the
-# head back with a NOTIFY, commit. The new seq names the task, so ids are unique.
+# The statements the writer sends for one POST /tasks in a batch of one (counted
+# on the writer's connection): lock the head, check the task does not exist,
+# insert its task.created event with seq = head + 1 (and the stream-version
+# guard), upsert the view row, clear its lease row, write the head back with a
+# NOTIFY, commit. The new seq names the task, so ids are unique.
 PGBENCH_LOCKED = r"""
 BEGIN;
 SELECT seq + 1 AS next, hash, clock_timestamp() AS now FROM log_head WHERE id = 1 FOR UPDATE \gset
@@ -179,6 +181,7 @@ VALUES ('P-' || :next::bigint, 'bench', 'implement', 'pending', :next::bigint, 1
         ('{"id":"P-' || :next::bigint || '","project":"bench","title":"t","state":"pending"}')::jsonb)
 ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, version = EXCLUDED.version,
     seq = EXCLUDED.seq, body = EXCLUDED.body;
+DELETE FROM task_leases WHERE task_id = 'P-' || :next::bigint;
 WITH h AS (UPDATE log_head SET seq = :next::bigint,
                                hash = md5(:hash::text || :next::bigint) || md5(:hash::text) WHERE id = 1)
 SELECT pg_notify('taskledger_events', :next::text);
@@ -204,6 +207,7 @@ VALUES ('F-' || :next::bigint, 'bench', 'implement', 'pending', :next::bigint, 1
         ('{"id":"F-' || :next::bigint || '","project":"bench","title":"t","state":"pending"}')::jsonb)
 ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, version = EXCLUDED.version,
     seq = EXCLUDED.seq, body = EXCLUDED.body;
+DELETE FROM task_leases WHERE task_id = 'F-' || :next::bigint;
 END;
 """
 
@@ -228,6 +232,88 @@ class Run:
     ok: int
     errors: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2:].split()  # fields from 3 (state) on
+
+
+def _tree_seconds(root: int | None) -> float:
+    """CPU seconds of `root`, its reaped children, and its live direct children.
+
+    A child that exits between two readings moves into the root's cutime/cstime,
+    so the difference of two readings is the tree's CPU in between.
+    """
+    if root is None:
+        return 0.0
+    f = _proc_stat(root)
+    if f is None:
+        return 0.0
+    ticks = sum(int(x) for x in f[11:15])  # utime stime cutime cstime
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            c = _proc_stat(int(name))
+            if c is not None and c[1] == str(root):
+                ticks += int(c[11]) + int(c[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_busy_seconds() -> float:
+    v = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
+class CpuMeter:
+    """Where the machine's CPU went during one step, in % of one core:
+    taskledger serve (all its processes), PostgreSQL (postmaster and backends),
+    the load client (wrk or pgbench), and everything else on the machine."""
+
+    def __init__(self, serve_pid: int | None, pg_pid: int | None) -> None:
+        self.serve_pid, self.pg_pid = serve_pid, pg_pid
+
+    def _read(self) -> tuple[float, ...]:
+        ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        return (time.monotonic(), _tree_seconds(self.serve_pid), _tree_seconds(self.pg_pid),
+                ch.ru_utime + ch.ru_stime, me.ru_utime + me.ru_stime, _machine_busy_seconds())
+
+    def __enter__(self) -> CpuMeter:
+        self.a = self._read()
+        self.result: dict[str, float] = {}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        b = self._read()
+        d = [y - x for x, y in zip(self.a, b, strict=True)]
+        el = d[0] or 1e-9
+        serve, pg, client, me, busy = d[1:]
+        self.result = {"serve": 100 * serve / el, "postgres": 100 * pg / el, "client": 100 * client / el,
+                       "other": 100 * max(0.0, busy - serve - pg - client - me) / el,
+                       "machine": 100 * busy / el}
+
+
+def postmaster_pid(url: str) -> int | None:
+    """The server's postmaster, when it runs on this machine (for CPU accounting)."""
+    async def parent() -> int | None:
+        c = await asyncpg.connect(url)
+        try:  # read while the backend lives: its parent is the postmaster
+            f = _proc_stat(int(await c.fetchval("SELECT pg_backend_pid()")))
+            return int(f[1]) if f is not None else None
+        finally:
+            await c.close()
+    try:
+        return asyncio.run(parent())
+    except (OSError, asyncpg.PostgresError):
+        return None
+
+
+def cpu_text(cpu: dict[str, float]) -> str:
+    return (f"serve {cpu['serve']:.0f} / pg {cpu['postgres']:.0f} / client {cpu['client']:.0f} / "
+            f"other {cpu['other']:.0f}")
 
 
 def log(msg: str) -> None:
@@ -412,7 +498,7 @@ async def _verify_chain(db_url: str) -> tuple[bool, int]:
 
 
 def bench_server(maint_url: str, server: str, workers: int, clients: list[int], seconds: float,
-                 warmup: float, get_seconds: float, tmp: Path) -> list[Run]:
+                 warmup: float, get_seconds: float, tmp: Path, pg_pid: int | None) -> list[Run]:
     name = f"bench_{server}_{workers}_{uuid.uuid4().hex[:6]}"
     db_url = create_database(maint_url, name)
     post_lua = tmp / "post.lua"
@@ -427,7 +513,8 @@ def bench_server(maint_url: str, server: str, workers: int, clients: list[int], 
             wrk(srv.base, post_lua, c, warmup, [f"w{c}", token], tmp)
             prefix = f"{server[0]}{workers}c{c}"
             before = srv.writer_counters()
-            data = wrk(srv.base, post_lua, c, seconds, [prefix, token], tmp)
+            with CpuMeter(srv.proc.pid, pg_pid) as cpu:
+                data = wrk(srv.base, post_lua, c, seconds, [prefix, token], tmp)
             after = srv.writer_counters()
             v = verify_run(db_url, prefix, data, c)
             secs = data["duration_us"] / 1e6
@@ -445,24 +532,27 @@ def bench_server(maint_url: str, server: str, workers: int, clients: list[int], 
                       extra={"verify": v, "commits": commits, "commands": cmds,
                              "commits_per_s": commits / secs,
                              "mean_batch": (cmds / commits) if commits else None,
-                             "p90_ms": data["p90_us"] / 1000, "max_ms": data["max_us"] / 1000})
+                             "p90_ms": data["p90_us"] / 1000, "max_ms": data["max_us"] / 1000,
+                             "cpu": cpu.result})
             runs.append(run)
             some_id = some_id or next((i for t in data["threads"] for i in t["ids"]), "")
             log(f"  POST c={c}: {run.rate:.0f}/s p50 {run.p50_ms:.1f} ms p99 {run.p99_ms:.1f} ms, "
                 f"{commits / secs:.0f} commits/s, mean batch {run.extra['mean_batch'] or 0:.1f}; "
-                f"log check {'ok' if v['ok'] else 'FAILED: ' + '; '.join(v['problems'])}")
+                f"log check {'ok' if v['ok'] else 'FAILED: ' + '; '.join(v['problems'])}; "
+                f"CPU % of a core: {cpu_text(cpu.result)}")
         for label, path, args in (("GET /healthz", "/healthz", []),
                                   ("GET /tasks/{id}", f"/tasks/{some_id}", [token])):
             wrk(srv.base + path, get_lua, 32, 1, args, tmp)
-            data = wrk(srv.base + path, get_lua, 32, get_seconds, args, tmp)
+            with CpuMeter(srv.proc.pid, pg_pid) as cpu:
+                data = wrk(srv.base + path, get_lua, 32, get_seconds, args, tmp)
             secs = data["duration_us"] / 1e6
             errs = {k: n for k, n in data["errors"].items() if n}
             ok = data["requests"] - data["errors"]["status"]
             runs.append(Run(kind=label, server=server, workers=workers, clients=32, seconds=secs,
                             rate=ok / secs, p50_ms=data["p50_us"] / 1000, p99_ms=data["p99_us"] / 1000,
-                            ok=ok, errors=errs))
+                            ok=ok, errors=errs, extra={"cpu": cpu.result}))
             log(f"  {label} c=32: {ok / secs:.0f}/s p50 {data['p50_us'] / 1000:.1f} ms "
-                f"p99 {data['p99_us'] / 1000:.1f} ms {errs or ''}")
+                f"p99 {data['p99_us'] / 1000:.1f} ms {errs or ''}; CPU % of a core: {cpu_text(cpu.result)}")
         ok_chain, n = asyncio.run(_verify_chain(db_url))
         log(f"  hash chain over {n} events: {'verifies' if ok_chain else 'BROKEN'}")
         for r in runs:
@@ -488,7 +578,8 @@ def pgbench_bin() -> str:
     return found
 
 
-def bench_pgbench(maint_url: str, clients: list[int], seconds: float, tmp: Path) -> list[Run]:
+def bench_pgbench(maint_url: str, clients: list[int], seconds: float, tmp: Path,
+                  pg_pid: int | None) -> list[Run]:
     name = f"bench_pgbench_{uuid.uuid4().hex[:6]}"
     db_url = create_database(maint_url, name)
     runs: list[Run] = []
@@ -503,7 +594,9 @@ def bench_pgbench(maint_url: str, clients: list[int], seconds: float, tmp: Path)
                 logp = tmp / f"pgb_{shape}_{c}"
                 cmd = [exe, "-n", "-M", "prepared", "-f", str(scripts[shape]), "-c", str(c), "-j", "2",
                        "-T", str(max(1, round(seconds))), "-l", f"--log-prefix={logp}", db_url]
-                res = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=False)
+                with CpuMeter(None, pg_pid) as cpu:
+                    res = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60,
+                                         check=False)
                 if res.returncode != 0:
                     raise RuntimeError(f"pgbench failed: {res.stdout}\n{res.stderr}")
                 tps = float(re.search(r"tps = ([\d.]+)", res.stdout).group(1))  # type: ignore[union-attr]
@@ -515,9 +608,9 @@ def bench_pgbench(maint_url: str, clients: list[int], seconds: float, tmp: Path)
                 runs.append(Run(kind=f"pgbench {shape}", server="-", workers=0, clients=c, seconds=seconds,
                                 rate=tps, p50_ms=p50, p99_ms=p99, ok=done,
                                 errors={"failed": int(failed.group(1))} if failed and failed.group(1) != "0"
-                                else {}, extra={"latency_avg_ms": lat}))
+                                else {}, extra={"latency_avg_ms": lat, "cpu": cpu.result}))
                 log(f"  pgbench {shape} c={c}: {tps:.0f} tps, latency avg {lat:.2f} ms, "
-                    f"p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+                    f"p50 {p50:.2f} ms, p99 {p99:.2f} ms; CPU % of a core: {cpu_text(cpu.result)}")
         # the locked shape keeps seq gapless, as the store does
         async def check() -> dict[str, Any]:
             cn = await asyncpg.connect(db_url)
@@ -585,20 +678,28 @@ async def _pg_settings(url: str) -> dict[str, str]:
         await c.close()
 
 
+def _cpu_cell(r: Run) -> str:
+    c = r.extra.get("cpu")
+    if not c:
+        return ""
+    return f"{c['serve']:.0f} / {c['postgres']:.0f} / {c['client']:.0f} / {c['other']:.0f}"
+
+
 def table(runs: list[Run]) -> str:
-    lines = ["| what | server | workers | clients | per s | p50 ms | p99 ms | mean batch | log check |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| what | server | workers | clients | per s | p50 ms | p99 ms | mean batch | log check "
+             "| CPU % of a core: serve / pg / client / other |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         if r.kind.startswith("pgbench"):
             lines.append(f"| {r.kind} | - | - | {r.clients} | {r.rate:.0f} | {r.p50_ms:.1f} | "
-                         f"{r.p99_ms:.1f} | 1 | - |")
+                         f"{r.p99_ms:.1f} | 1 | - | {_cpu_cell(r)} |")
             continue
         mb = r.extra.get("mean_batch")
         v = r.extra.get("verify")
         chk = "-" if v is None else ("ok" if v["ok"] and r.extra.get("chain_ok", True) else "FAILED")
         errs = f" {r.errors}" if r.errors else ""
         lines.append(f"| {r.kind} | {r.server} | {r.workers} | {r.clients} | {r.rate:.0f} | {r.p50_ms:.1f} | "
-                     f"{r.p99_ms:.1f} | {'' if mb is None else f'{mb:.1f}'} | {chk}{errs} |")
+                     f"{r.p99_ms:.1f} | {'' if mb is None else f'{mb:.1f}'} | {chk}{errs} | {_cpu_cell(r)} |")
     return "\n".join(lines)
 
 
@@ -645,15 +746,16 @@ def main(argv: list[str] | None = None) -> int:
             handle, url = start_embedded(pgdir)
             maint = with_database(url, "postgres")
         info["postgres"] = asyncio.run(_pg_settings(maint))
+        pg_pid = postmaster_pid(maint)
         log(f"postgres: {info['postgres']}")
         runs: list[Run] = []
         if not args.skip_http:
             for server, workers in configs:
                 runs += bench_server(maint, server, workers, clients, args.seconds, args.warmup,
-                                     args.get_seconds, tmp)
+                                     args.get_seconds, tmp, pg_pid)
         if not args.skip_pgbench:
             log("pgbench")
-            runs += bench_pgbench(maint, clients, args.seconds, tmp)
+            runs += bench_pgbench(maint, clients, args.seconds, tmp, pg_pid)
     finally:
         if handle is not None:
             handle.cleanup()
