@@ -45,6 +45,40 @@ def format_ts(ts: datetime) -> str:
     return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def hash_event(
+    prev_hash: str,
+    *,
+    seq: int,
+    stream: str,
+    stream_seq: int,
+    type: str,
+    data: Any,
+    meta: Any,
+    recorded_at: str,
+) -> tuple[str, str]:
+    """(canonical JSON of `data`, the event's hash): the writer stores the one and
+    chains the other, encoding the payload once."""
+    data_json = canonical_json(data)
+    h = hashlib.sha256()
+    h.update(prev_hash.encode("ascii"))
+    h.update(_envelope(seq, stream, stream_seq, type, data_json, canonical_json(meta), recorded_at))
+    return data_json.decode(), h.hexdigest()
+
+
+def _envelope(
+    seq: int, stream: str, stream_seq: int, type: str, data_json: bytes, meta_json: bytes, recorded_at: str
+) -> bytes:
+    # The canonical JSON of the whole event, assembled from already-canonical
+    # parts; keys in sorted order: data, meta, recorded_at, seq, stream,
+    # stream_seq, type.
+    return b"".join((
+        b'{"data":', data_json, b',"meta":', meta_json,
+        b',"recorded_at":', _encoder.encode(recorded_at), b',"seq":', str(seq).encode(),
+        b',"stream":', _encoder.encode(stream), b',"stream_seq":', str(stream_seq).encode(),
+        b',"type":', _encoder.encode(type), b"}",
+    ))
+
+
 def event_hash(
     prev_hash: str,
     *,

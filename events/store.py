@@ -30,7 +30,7 @@ from typing import Any, Final
 import asyncpg
 import msgspec
 
-from events.canonical import GENESIS_HASH, event_hash, format_ts
+from events.canonical import GENESIS_HASH, format_ts, hash_event
 from events.errors import VersionConflict
 
 NOTIFY_CHANNEL: Final = "taskledger_events"
@@ -66,15 +66,22 @@ class RecordedEvent(msgspec.Struct, frozen=True, kw_only=True):
 
 _json = msgspec.json.Encoder()
 
-_INSERT = """
-INSERT INTO events (seq, stream, stream_seq, type, data, meta, recorded_at, hash)
-SELECT s, $1, ss, t, d::jsonb, m::jsonb, $8, h
-FROM unnest($2::bigint[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[])
-     AS u(s, ss, t, d, m, h)
-"""
-
-_INSERT_EXPECTING = _INSERT + """
-WHERE (SELECT coalesce(max(stream_seq), 0) FROM events WHERE stream = $1) = $9
+# One statement appends every buffered event of a transaction, across streams,
+# and checks in the same snapshot that each stream touched for the first time
+# was where the appender expected it (the insert cannot see its own rows, so
+# the check reads the stream as it stood before this flush).
+_FLUSH = """
+WITH ins AS (
+    INSERT INTO events (seq, stream, stream_seq, type, data, meta, recorded_at, hash)
+    SELECT s, st, ss, t, d::jsonb, m::jsonb, r, h
+    FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[],
+                $7::timestamptz[], $8::text[]) AS u(s, st, ss, t, d, m, r, h)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM ins) AS inserted,
+       array(SELECT c.stream FROM unnest($9::text[], $10::int[]) AS c(stream, expected)
+             WHERE coalesce((SELECT max(e.stream_seq) FROM events e WHERE e.stream = c.stream), 0)
+                   <> c.expected) AS conflicts
 """
 
 _STREAM_VERSION = "SELECT coalesce(max(stream_seq), 0) FROM events WHERE stream = $1"
@@ -107,9 +114,11 @@ def record_from_row(row: Any) -> RecordedEvent:
 class LogTx:
     """The log's part of one database transaction.
 
-    `begin` takes the head lock; `append` may be called any number of times;
-    `finish` writes the head back and queues one NOTIFY (delivered at commit).
-    The caller owns the transaction and commits it.
+    `begin` takes the head lock. `append` numbers and chains events at once
+    (so callers can fold them) but only buffers the rows; `flush` writes
+    everything buffered in one statement; `finish` flushes, writes the head back
+    and queues one NOTIFY (delivered at commit). The caller owns the
+    transaction and commits it.
     """
 
     def __init__(
@@ -121,6 +130,8 @@ class LogTx:
         self.head_hash = head_hash
         self.start_seq = head_seq
         self._versions: dict[str, int] = {}
+        self._rows: list[tuple[Any, ...]] = []
+        self._expect: dict[str, int] = {}
         self.recorded: list[RecordedEvent] = []
 
     @classmethod
@@ -141,6 +152,10 @@ class LogTx:
             self._versions[stream] = v
         return v
 
+    @property
+    def pending(self) -> bool:
+        return bool(self._rows)
+
     async def append(
         self,
         stream: str,
@@ -149,17 +164,17 @@ class LogTx:
         expected_version: int = ANY,
         meta: dict[str, Any] | None = None,
     ) -> list[RecordedEvent]:
-        """Append `events` to `stream`, all or none.
+        """Append `events` to `stream`, all or none (the transaction decides).
 
         `expected_version` is the stream's current `stream_seq` as the caller
-        saw it (0 for a new stream); a mismatch raises VersionConflict.
+        saw it (0 for a new stream); a mismatch raises VersionConflict, here
+        when this transaction already touched the stream, else at `flush`.
         """
         if not events:
             return []
         known = self._versions.get(stream)
         if expected_version is ANY:
-            base = await self.stream_version(stream)
-            check_in_sql = False
+            base = known if known is not None else await self.stream_version(stream)
         elif known is not None:
             if known != expected_version:
                 raise VersionConflict(
@@ -167,65 +182,56 @@ class LogTx:
                     stream=stream, expected=expected_version, actual=known,
                 )
             base = known
-            check_in_sql = False
         else:
             base = expected_version
-            check_in_sql = True
+            self._expect[stream] = expected_version
 
         meta = meta or {}
         meta_text = _json.encode(meta).decode()
-        now = datetime.now(UTC)
-        recorded_at = format_ts(now)
-        seqs, sseqs, types, datas, metas, hashes = [], [], [], [], [], []
-        recorded: list[RecordedEvent] = []
+        recorded_at = format_ts(self.now)
+        out: list[RecordedEvent] = []
         prev = self.head_hash
         seq = self.head_seq
         for i, ev in enumerate(events, start=1):
             seq += 1
-            h = event_hash(
+            canonical, h = hash_event(
                 prev, seq=seq, stream=stream, stream_seq=base + i, type=ev.type,
                 data=ev.data, meta=meta, recorded_at=recorded_at,
             )
-            seqs.append(seq)
-            sseqs.append(base + i)
-            types.append(ev.type)
-            datas.append(_json.encode(ev.data).decode())
-            metas.append(meta_text)
-            hashes.append(h)
-            recorded.append(
-                RecordedEvent(
-                    seq=seq, stream=stream, stream_seq=base + i, type=ev.type,
-                    data=ev.data, meta=meta, recorded_at=recorded_at, hash=h,
-                )
-            )
+            self._rows.append((seq, stream, base + i, ev.type, canonical, meta_text, self.now, h))
+            out.append(RecordedEvent(
+                seq=seq, stream=stream, stream_seq=base + i, type=ev.type,
+                data=ev.data, meta=meta, recorded_at=recorded_at, hash=h,
+            ))
             prev = h
-        try:
-            if check_in_sql:
-                status = await self.conn.execute(
-                    _INSERT_EXPECTING, stream, seqs, sseqs, types, datas, metas, hashes, now,
-                    expected_version,
-                )
-                if status.split()[-1] == "0":
-                    actual = await self.conn.fetchval(_STREAM_VERSION, stream)
-                    raise VersionConflict(
-                        f"stream {stream} is at version {actual}, not {expected_version}",
-                        stream=stream, expected=expected_version, actual=actual,
-                    )
-            else:
-                await self.conn.execute(
-                    _INSERT, stream, seqs, sseqs, types, datas, metas, hashes, now
-                )
-        except asyncpg.UniqueViolationError as e:
-            raise VersionConflict(
-                f"stream {stream} moved on while appending", stream=stream
-            ) from e
         self.head_seq = seq
         self.head_hash = prev
         self._versions[stream] = base + len(events)
-        self.recorded.extend(recorded)
-        return recorded
+        self.recorded.extend(out)
+        return out
+
+    async def flush(self) -> None:
+        if not self._rows:
+            return
+        rows, self._rows = self._rows, []
+        expect, self._expect = self._expect, {}
+        cols = list(zip(*rows, strict=True))
+        try:
+            row = await self.conn.fetchrow(
+                _FLUSH, *(list(c) for c in cols), list(expect), list(expect.values())
+            )
+        except asyncpg.UniqueViolationError as e:
+            raise VersionConflict("a stream moved on while appending") from e
+        assert row is not None
+        if row["conflicts"]:
+            stream = row["conflicts"][0]
+            raise VersionConflict(
+                f"stream {stream} is not at version {expect[stream]}",
+                stream=stream, expected=expect[stream],
+            )
 
     async def finish(self) -> None:
+        await self.flush()
         if self.head_seq == self.start_seq:
             return
         # One wake-up per commit (NOTIFY is delivered at commit); listeners read

@@ -114,7 +114,8 @@ def requires(*roles: str) -> Any:
 
     allowed = frozenset(roles) | {"admin"}
 
-    def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    # async on purpose: Litestar runs a sync guard in a worker thread.
+    async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         user = connection.scope.get("user")
         if not isinstance(user, Principal):
             raise NotAuthorizedException("a bearer token is required")

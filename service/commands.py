@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -14,7 +14,7 @@ from litestar import Request
 from events.canonical import canonical_json
 from events.errors import IdempotencyConflict, ValidationFailed
 from service.auth import Principal
-from service.writer import UnitOfWork, Writer
+from service.writer import Prefetch, UnitOfWork, Writer
 
 T = TypeVar("T")
 
@@ -74,6 +74,7 @@ async def run(
     fn: Callable[[UnitOfWork], Awaitable[T]],
     *,
     status: int = 200,
+    prefetch: Sequence[Prefetch] = (),
 ) -> T | Stored:
     """Submit `fn` to the writer; honour the Idempotency-Key header.
 
@@ -84,7 +85,7 @@ async def run(
     writer: Writer = request.app.state.writer
     key = ctx.idempotency_key
     if key is None:
-        return await writer.submit(fn)
+        return await writer.submit(fn, prefetch=prefetch)
     body = await request.body()
     try:
         parsed = msgspec.json.decode(body) if body else None
@@ -115,4 +116,4 @@ async def run(
         )
         return result
 
-    return await writer.submit(with_key)
+    return await writer.submit(with_key, prefetch=prefetch)

@@ -47,25 +47,70 @@ from events.tasks import (
 )
 from projections import tasks as views
 from service.commands import Ctx
-from service.writer import UnitOfWork
+from service.writer import Batch, UnitOfWork
 
 _NON_TERMINAL_WORK = ("pending", "claimed", "running")
 
 
+class _Pending:
+    """Task view writes buffered for the batch, written at its next flush."""
+
+    def __init__(self) -> None:
+        self.views: dict[str, TaskState] = {}
+        self.created: dict[str, int] = {}
+        self.blockers: dict[str, views.Blocker] = {}
+        self.leases_gone: set[str] = set()
+
+    async def flush(self, conn: Any) -> None:
+        if self.views:
+            states, self.views = list(self.views.values()), {}
+            created, self.created = self.created, {}
+            await views.save(conn, states, created)
+        if self.blockers:
+            blockers, self.blockers = list(self.blockers.values()), {}
+            await views.save_blockers(conn, blockers)
+        if self.leases_gone:
+            gone, self.leases_gone = sorted(self.leases_gone), set()
+            await conn.execute("DELETE FROM task_leases WHERE task_id = ANY($1::text[])", gone)
+
+
+def _pending(batch: Batch) -> _Pending:
+    cache = batch.kind("task_writes")
+    p = cache.get("pending")
+    if p is None:
+        p = cache["pending"] = _Pending()
+        batch.on_flush(p.flush)
+    assert isinstance(p, _Pending)
+    return p
+
+
+async def prefetch_tasks(batch: Batch, ids: list[str]) -> None:
+    """Load the tasks a batch's commands will need, in one query."""
+    cache = batch.kind("tasks")
+    missing = [i for i in ids if i not in cache]
+    if not missing:
+        return
+    found = await views.load(batch.conn, missing)
+    for i in missing:
+        cache[i] = found.get(i)
+
+
 class Session:
-    """The states one command has loaded or changed, keyed by task id."""
+    """The task states a command works with. They live in the batch's cache, so
+    a command sees what earlier commands of the same batch did; changed views
+    and blockers are written when the batch flushes."""
 
     def __init__(self, uow: UnitOfWork, ctx: Ctx) -> None:
         self.uow = uow
         self.ctx = ctx
-        self.states: dict[str, TaskState] = {}
+        self.states: dict[str, TaskState | None] = uow.batch.kind("tasks")
+        self._pending = _pending(uow.batch)
 
     async def get(self, task_id: str) -> TaskState | None:
-        s = self.states.get(task_id)
-        if s is None:
-            s = await views.load_one(self.uow.conn, task_id)
-            if s is not None:
-                self.states[task_id] = s
+        if task_id in self.states:
+            return self.states[task_id]
+        s = await views.load_one(self.uow.conn, task_id)
+        self.states[task_id] = s
         return s
 
     async def need(self, task_id: str) -> TaskState:
@@ -74,15 +119,20 @@ class Session:
             raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
         return s
 
+    def state(self, task_id: str) -> TaskState:
+        s = self.states[task_id]
+        assert s is not None
+        return s
+
     async def apply(self, changes: Changes) -> list[str]:
-        """Append each (task, events) group, fold it, and save the changed views."""
+        """Append each (task, events) group, fold it, and buffer the changed views."""
         touched: list[str] = []
-        created: dict[str, int] = {}
-        blockers: dict[str, views.Blocker] = {}
+        pending = self._pending
         for task_id, events in changes:
             if not events:
                 continue
             s = self.states.get(task_id)
+            before = s
             project = s.project if s is not None else getattr(events[0], "project", None)
             recorded = await self.uow.append(
                 f"task:{task_id}",
@@ -91,29 +141,27 @@ class Session:
                 meta=self.ctx.meta(project=project),
             )
             for ev, rec in zip(events, recorded, strict=True):
-                if s is not None and s.blocker_id is not None:
-                    bid = s.blocker_id
-                    b = blockers.get(bid) or (await views.load_blockers(self.uow.conn, [bid])).get(bid)
-                else:
-                    b = None
                 if s is not None:
+                    b = None
+                    if s.blocker_id is not None:
+                        bid = s.blocker_id
+                        b = pending.blockers.get(bid)
+                        if b is None:
+                            await self.uow.flush()
+                            b = (await views.load_blockers(self.uow.conn, [bid])).get(bid)
                     nb = views.evolve_blocker(b, s, ev, seq=rec.seq, at=rec.recorded_at)
                     if nb is not None:
-                        blockers[nb.id] = nb
-                if s is None:
-                    created[task_id] = rec.seq
+                        pending.blockers[nb.id] = nb
+                else:
+                    pending.created[task_id] = rec.seq
                 s = evolve(s, ev, seq=rec.seq, version=rec.stream_seq, at=rec.recorded_at)
             assert s is not None
             self.states[task_id] = s
+            pending.views[task_id] = s
+            if before is not None and before.lease_id is not None and s.lease_id is None:
+                pending.leases_gone.add(task_id)
             if task_id not in touched:
                 touched.append(task_id)
-        changed = [self.states[t] for t in touched]
-        self.uow.dirty = True
-        await views.save(self.uow.conn, changed, created)
-        await views.save_blockers(self.uow.conn, blockers.values())
-        gone = [s.id for s in changed if s.lease_id is None]
-        if gone:
-            await self.uow.conn.execute("DELETE FROM task_leases WHERE task_id = ANY($1::text[])", gone)
         return touched
 
     async def apply_and_settle(self, changes: Changes) -> list[str]:
@@ -129,7 +177,7 @@ class Session:
             if guard > 10_000:
                 raise RuntimeError("task rules did not settle")
             tid = queue.pop(0)
-            s = self.states[tid]
+            s = self.state(tid)
             changes: Changes = []
             if s.task_type == "verify" and s.parent_task_id and s.state in ("deadletter", "cancelled"):
                 maker = await self.get(s.parent_task_id)
@@ -146,7 +194,7 @@ class Session:
                         "AND task_type <> 'verify'",
                         parent.id, parent.round or 1,
                     )
-                    sts = [self.states[r["id"]].state if r["id"] in self.states else r["state"]
+                    sts = [cached.state if (cached := self.states.get(r["id"])) is not None else r["state"]
                            for r in rows]
                     ev = decide_round_check(parent, sts)
                     if ev:
@@ -185,7 +233,7 @@ async def create(uow: UnitOfWork, ctx: Ctx, t: NewTask, *, default_escalation: i
     parent = await ses.get(t.parent_task_id) if t.parent_task_id else None
     changes = decide_create(existing, t, parent, default_escalation=default_escalation)
     await ses.apply_and_settle(changes)
-    return ses.states[t.id]
+    return ses.state(t.id)
 
 
 async def create_many(
@@ -197,7 +245,7 @@ async def create_many(
         existing = await ses.get(t.id)
         parent = await ses.get(t.parent_task_id) if t.parent_task_id else None
         await ses.apply_and_settle(decide_create(existing, t, parent, default_escalation=default_escalation))
-        out.append(ses.states[t.id])
+        out.append(ses.state(t.id))
     return out
 
 
@@ -226,6 +274,7 @@ async def claim(
     expires = uow.now + timedelta(seconds=lease_seconds)
     for r in rows:
         s = views.decode_state(r["body"])
+        s = ses.states.get(s.id) or s
         try:
             events = decide_claim(
                 s, node=node, worker=worker, lease_id="L-" + uuid.uuid4().hex,
@@ -235,7 +284,7 @@ async def claim(
             continue
         ses.states[s.id] = s
         await ses.apply([(s.id, list(events))])
-        claimed = ses.states[s.id]
+        claimed = ses.state(s.id)
         await uow.execute(
             """INSERT INTO task_leases (task_id, lease_id, worker, node, lease_seconds, expires_at)
                VALUES ($1, $2, $3, $4, $5, $6)
@@ -254,7 +303,7 @@ async def start(uow: UnitOfWork, ctx: Ctx, task_id: str, *, lease_id: str) -> Ta
     s = await ses.need(task_id)
     await _check_live_lease(uow, s, lease_id)
     await ses.apply([(task_id, list(decide_start(s, lease_id=lease_id, worker=worker)))])
-    return ses.states[task_id]
+    return ses.state(task_id)
 
 
 async def _check_live_lease(uow: UnitOfWork, s: TaskState, lease_id: str) -> None:
@@ -287,7 +336,7 @@ async def complete(
             raise ValidationFailed("outcome, verdicts and category are for verify tasks")
         changes = decide_complete(s, lease_id=lease_id, worker=worker, result=result)
     await ses.apply_and_settle(changes)
-    return ses.states[task_id]
+    return ses.state(task_id)
 
 
 async def fail(uow: UnitOfWork, ctx: Ctx, task_id: str, *, lease_id: str, error: str) -> TaskState:
@@ -296,7 +345,7 @@ async def fail(uow: UnitOfWork, ctx: Ctx, task_id: str, *, lease_id: str, error:
     s = await ses.need(task_id)
     await _check_live_lease(uow, s, lease_id)
     await ses.apply_and_settle([(task_id, list(decide_fail(s, lease_id=lease_id, worker=worker, error=error)))])
-    return ses.states[task_id]
+    return ses.state(task_id)
 
 
 async def heartbeat(pool: Any, ctx: Ctx, task_id: str, *, lease_id: str, lease_seconds: int | None) -> TaskState:
@@ -323,7 +372,7 @@ async def cancel(uow: UnitOfWork, ctx: Ctx, task_id: str, *, reason: str) -> Tas
     ses = Session(uow, ctx)
     s = await ses.need(task_id)
     await ses.apply_and_settle([(task_id, list(decide_cancel(s, reason=reason, by=ctx.principal.name)))])
-    return ses.states[task_id]
+    return ses.state(task_id)
 
 
 async def unblock(
@@ -332,7 +381,7 @@ async def unblock(
     ses = Session(uow, ctx)
     s = await ses.need(task_id)
     await ses.apply_and_settle(decide_unblock(s, action=action, notes=notes))
-    return ses.states[task_id]
+    return ses.state(task_id)
 
 
 async def collect(uow: UnitOfWork, ctx: Ctx, *, project: str | None, limit: int) -> list[TaskState]:
@@ -347,12 +396,13 @@ async def collect(uow: UnitOfWork, ctx: Ctx, *, project: str | None, limit: int)
     changes: Changes = []
     for r in rows:
         s = views.decode_state(r["body"])
+        s = ses.states.get(s.id) or s
         ses.states[s.id] = s
         changes.append((s.id, list(decide_collect(s, by=ctx.principal.name))))
     if not changes:
         return []
     await ses.apply_and_settle(changes)
-    return [ses.states[tid] for tid, _ in changes]
+    return [ses.state(tid) for tid, _ in changes]
 
 
 async def round_review(
@@ -370,7 +420,7 @@ async def round_review(
         existing_ids=existing, default_escalation=default_escalation,
     )
     await ses.apply_and_settle(changes)
-    return ses.states[task_id]
+    return ses.state(task_id)
 
 
 async def sweep(uow: UnitOfWork, ctx: Ctx, *, limit: int = 200) -> int:
@@ -399,7 +449,7 @@ async def sweep(uow: UnitOfWork, ctx: Ctx, *, limit: int = 200) -> int:
     )
     for r in rows:
         s = views.decode_state(r["body"])
-        s = ses.states.get(s.id, s)
+        s = ses.states.get(s.id) or s
         ses.states[s.id] = s
         ready = datetime.fromisoformat((s.ready_at or s.updated_at).replace("Z", "+00:00"))
         waited = int((uow.now - ready).total_seconds())

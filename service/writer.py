@@ -40,33 +40,69 @@ log = logging.getLogger("taskledger.writer")
 T = TypeVar("T")
 
 
-class UnitOfWork:
-    """A command's view of the batch transaction."""
+class Batch:
+    """What the commands of one batch share: caches of the states they loaded or
+    changed (by kind, e.g. "tasks") and the buffered writes to flush."""
 
     def __init__(self, conn: asyncpg.Connection, logtx: LogTx) -> None:
         self.conn = conn
         self.log = logtx
+        self.cache: dict[str, dict[str, Any]] = {}
+        self._flushers: list[Callable[[asyncpg.Connection], Awaitable[None]]] = []
+
+    def kind(self, name: str) -> dict[str, Any]:
+        return self.cache.setdefault(name, {})
+
+    def on_flush(self, fn: Callable[[asyncpg.Connection], Awaitable[None]]) -> None:
+        """Run `fn` at every flush (after the buffered events are written)."""
+        self._flushers.append(fn)
+
+    async def flush(self) -> None:
+        await self.log.flush()
+        for fn in self._flushers:
+            await fn(self.conn)
+
+
+class UnitOfWork:
+    """A command's view of the batch transaction.
+
+    Appends are buffered and written together when the batch flushes: before
+    any read or statement that may depend on them, and at the end of the batch.
+    """
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+        self.conn = batch.conn
+        self.log = batch.log
         # The database's clock when the batch took the head lock: one clock for
         # every replica's leases and deadlines.
-        self.now = logtx.now
+        self.now = batch.log.now
         self.dirty = False
         self.recorded: list[RecordedEvent] = []
 
+    async def flush(self) -> None:
+        await self.batch.flush()
+
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        await self.batch.flush()
         return await self.conn.fetch(sql, *args)
 
     async def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
+        await self.batch.flush()
         return await self.conn.fetchrow(sql, *args)
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
+        await self.batch.flush()
         return await self.conn.fetchval(sql, *args)
 
     async def execute(self, sql: str, *args: Any) -> str:
         self.dirty = True
+        await self.batch.flush()
         return await self.conn.execute(sql, *args)
 
     async def executemany(self, sql: str, args: Sequence[Sequence[Any]]) -> None:
         self.dirty = True
+        await self.batch.flush()
         await self.conn.executemany(sql, args)
 
     async def append(
@@ -83,15 +119,22 @@ class UnitOfWork:
         return out
 
 
+Prefetch = tuple[str, str]
+"""(kind, key): a state a command will load, fetched for the whole batch at once."""
+
+Prefetcher = Callable[[Batch, list[str]], Awaitable[None]]
+
+
 Command = Callable[[UnitOfWork], Awaitable[T]]
 
 
 class _Item:
-    __slots__ = ("enqueued", "fn", "future")
+    __slots__ = ("enqueued", "fn", "future", "prefetch")
 
-    def __init__(self, fn: Command[Any], future: asyncio.Future[Any]) -> None:
+    def __init__(self, fn: Command[Any], future: asyncio.Future[Any], prefetch: Sequence[Prefetch]) -> None:
         self.fn = fn
         self.future = future
+        self.prefetch = prefetch
         self.enqueued = time.perf_counter()
 
 
@@ -122,6 +165,7 @@ class Writer:
         self._metrics = metrics
         self._on_commit = on_commit
         self._closing = False
+        self.prefetchers: dict[str, Prefetcher] = {}
 
     async def start(self) -> None:
         self._conn = await self._connect()
@@ -151,11 +195,13 @@ class Writer:
     def queue_depth(self) -> int:
         return self._queue.qsize()
 
-    async def submit(self, fn: Command[T]) -> T:
+    async def submit(self, fn: Command[T], *, prefetch: Sequence[Prefetch] = ()) -> T:
+        """Run `fn` in a coming batch; `prefetch` names states it will load, so the
+        batch loads them for all its commands in one query per kind."""
         if self._closing:
             raise WriterUnavailable("the service is shutting down")
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Item(fn, fut))
+        self._queue.put_nowait(_Item(fn, fut, prefetch))
         return await fut
 
     async def _run(self) -> None:
@@ -225,8 +271,10 @@ class Writer:
         try:
             await tx.start()
             logtx = await LogTx.begin(conn)
+            shared = Batch(conn, logtx)
+            await self._prefetch(shared, batch)
             for it in batch:
-                uow = UnitOfWork(conn, logtx)
+                uow = UnitOfWork(shared)
                 try:
                     value = await it.fn(uow)
                 except DomainError as e:
@@ -235,6 +283,7 @@ class Writer:
                     outcomes.append((False, e))
                 else:
                     outcomes.append((True, value))
+            await shared.flush()
             await logtx.finish()
             committing = True
             await tx.commit()
@@ -247,6 +296,17 @@ class Writer:
             raise
         head = logtx.head_seq if logtx.head_seq != logtx.start_seq else None
         return outcomes, head
+
+
+    async def _prefetch(self, shared: Batch, batch: list[_Item]) -> None:
+        wanted: dict[str, list[str]] = {}
+        for it in batch:
+            for kind, key in it.prefetch:
+                wanted.setdefault(kind, []).append(key)
+        for kind, keys in wanted.items():
+            fn = self.prefetchers.get(kind)
+            if fn is not None:
+                await fn(shared, list(dict.fromkeys(keys)))
 
 
 class _ConnectionLostBeforeCommit(Exception):

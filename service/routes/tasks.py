@@ -183,8 +183,9 @@ class TaskController(Controller):
         ctx = ctx_of(request)
         t = to_new_task(data, parent_task_id=data.parent_task_id)
         esc = _escalation(request)
+        ids = [t.id, t.parent_task_id] if t.parent_task_id else [t.id]
         return respond(await run(request, ctx, lambda u: cmds.create(u, ctx, t, default_escalation=esc),
-                                 status=201), 201)
+                                 status=201, prefetch=[("tasks", i) for i in ids]), 201)
 
     @get("/", operation_id="listTasks")
     async def list_tasks(
@@ -285,7 +286,8 @@ class TaskController(Controller):
     ) -> Response[Any]:
         ctx = ctx_of(request)
         check_id(task_id, "task id")
-        return respond(await run(request, ctx, lambda u: cmds.start(u, ctx, task_id, lease_id=data.lease_id)))
+        return respond(await run(request, ctx, lambda u: cmds.start(u, ctx, task_id, lease_id=data.lease_id),
+                                 prefetch=[("tasks", task_id)]))
 
     @post("/{task_id:str}/heartbeat", operation_id="heartbeatTask", guards=[requires("worker")],
           status_code=200)
@@ -309,7 +311,7 @@ class TaskController(Controller):
         esc = _escalation(request)
         return respond(await run(request, ctx, lambda u: cmds.complete(
             u, ctx, task_id, lease_id=data.lease_id, result=data.result, outcome=data.outcome,
-            verdicts=verdicts, category=data.category, default_escalation=esc)))
+            verdicts=verdicts, category=data.category, default_escalation=esc), prefetch=[("tasks", task_id)]))
 
     @post("/{task_id:str}/fail", operation_id="failTask", guards=[requires("worker")], status_code=200)
     async def fail(
@@ -318,7 +320,7 @@ class TaskController(Controller):
         ctx = ctx_of(request)
         check_id(task_id, "task id")
         return respond(await run(request, ctx, lambda u: cmds.fail(
-            u, ctx, task_id, lease_id=data.lease_id, error=data.error)))
+            u, ctx, task_id, lease_id=data.lease_id, error=data.error), prefetch=[("tasks", task_id)]))
 
     @post("/{task_id:str}/cancel", operation_id="cancelTask", guards=[requires("producer")], status_code=200)
     async def cancel(
@@ -327,7 +329,8 @@ class TaskController(Controller):
         ctx = ctx_of(request)
         check_id(task_id, "task id")
         reason = data.reason if data is not None else ""
-        return respond(await run(request, ctx, lambda u: cmds.cancel(u, ctx, task_id, reason=reason)))
+        return respond(await run(request, ctx, lambda u: cmds.cancel(u, ctx, task_id, reason=reason),
+                                 prefetch=[("tasks", task_id)]))
 
     @post("/{task_id:str}/unblock", operation_id="unblockTask", guards=[requires("producer")], status_code=200)
     async def unblock(
@@ -391,8 +394,10 @@ ROUTES = [TaskController, list_blockers]
 
 
 def startup(app: Any) -> None:
-    """Start this process's sweeper: lease expiry and escalation."""
+    """Register the batch prefetch for tasks and start this process's sweeper
+    (lease expiry and escalation)."""
     state = app.state
+    state.writer.prefetchers["tasks"] = cmds.prefetch_tasks
 
     async def loop() -> None:
         interval = float(state.settings.sweep_interval_seconds)
