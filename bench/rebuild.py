@@ -146,7 +146,8 @@ async def raw_reads(conn: asyncpg.Connection, head: int) -> dict[str, float]:
     t0 = time.perf_counter()
     n = 0
     async with conn.transaction():
-        cur = conn.cursor("SELECT seq, stream, stream_seq, type, data::text, recorded_at FROM events ORDER BY seq",
+        cur = conn.cursor(
+            "SELECT seq, stream, stream_seq, type, data::text, recorded_at FROM events ORDER BY seq",
                           prefetch=10_000)
         async for _ in cur:
             n += 1

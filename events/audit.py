@@ -201,7 +201,8 @@ def verify_lines(lines: Iterable[str]) -> FileVerdict:
     if header is not None:
         if trailer is None:
             return fail(n if out.count else 1, expected, "no trailer: the file is truncated")
-        if trailer.get("count") != out.count or trailer.get("last_hash") != (out.last_hash or header["prev_hash"]):
+        last = out.last_hash or header["prev_hash"]
+        if trailer.get("count") != out.count or trailer.get("last_hash") != last:
             return fail(n, expected, "the trailer does not match the events (lines missing or added)")
         if out.count and out.last_seq != header.get("to_seq"):
             return fail(n, expected, "the events end before the header's to_seq")

@@ -13,7 +13,7 @@ from projections.framework import Projection, Table, register
 TASKS = register(Projection(
     name="tasks", version=tasks.VERSION, tables=(Table("tasks", "id"),), streams="task:",
     new_fold=lambda: tasks.TaskFold(write="tasks"),
-    as_of=lambda conn, key, seq: tasks.state_as_of(conn, key, seq),
+    as_of=tasks.state_as_of,
 ))
 
 BLOCKERS = register(Projection(

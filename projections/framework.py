@@ -50,6 +50,7 @@ projections: they are never rebuilt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -99,8 +100,7 @@ class Fold(Protocol):
     drops it (the rows written so far stay the truth).
     """
 
-    async def apply(self, conn: asyncpg.Connection, page: Sequence[LogEvent],
-                    tables: Mapping[str, str]) -> None: ...
+    async def apply(self, conn: Any, page: Sequence[Any], tables: Mapping[str, str]) -> None: ...
 
     def reset(self) -> None: ...
 
@@ -177,7 +177,7 @@ Progress = Callable[[str, int, int], None]
 """progress(projection name, seq folded up to, seq aimed at)."""
 
 
-async def fold_range(
+async def fold_range(  # noqa: PLR0917 - called positionally from four places in this module
     conn: asyncpg.Connection, p: Projection, fold: Fold, tables: Mapping[str, str],
     after: int, upto: int, progress: Progress | None = None, page_seqs: int = PAGE_SEQS,
 ) -> int:
@@ -273,7 +273,8 @@ async def create_shadow(conn: asyncpg.Connection, live: str, suffix: str, *, tem
         m = _INDEXDEF.match(r["def"])
         if m is None:
             raise RuntimeError(f"cannot copy index {r['relname']}: {r['def']}")
-        sh.indexes.append((r["relname"], f"{m.group(1)} {_ident(r['relname'] + suffix)} ON {name} {m.group(4)}"))
+        ddl = f"{m.group(1)} {_ident(r['relname'] + suffix)} ON {name} {m.group(4)}"
+        sh.indexes.append((r["relname"], ddl))
     return sh
 
 
@@ -484,7 +485,7 @@ async def check(
 # ------------------------------------------------------------------ async projections
 
 
-async def advance(conn: asyncpg.Connection, p: Projection, fold: Fold, *, page_seqs: int = PAGE_SEQS) -> int:
+async def advance(conn: Any, p: Projection, fold: Fold, *, page_seqs: int = PAGE_SEQS) -> int:
     """Fold an async projection from its checkpoint to the head, one transaction per page
     holding the page's rows and the new checkpoint. Returns the checkpoint reached."""
     tables = {t.name: t.name for t in p.tables}
@@ -515,16 +516,16 @@ async def advance(conn: asyncpg.Connection, p: Projection, fold: Fold, *, page_s
     return pos
 
 
-async def follow(pool: asyncpg.Pool, p: Projection, wake: asyncio.Event, *, idle_seconds: float = 1.0) -> None:
+async def follow(
+    pool: asyncpg.Pool, p: Projection, wake: asyncio.Event, *, idle_seconds: float = 1.0
+) -> None:
     """Keep an async projection caught up: fold on every wake-up (or every `idle_seconds`)."""
     fold = p.new_fold()
     while True:
         async with pool.acquire() as conn:
             await advance(conn, p, fold)
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), idle_seconds)
-        except TimeoutError:
-            pass
         wake.clear()
 
 

@@ -212,7 +212,7 @@ FROM tasks t LEFT JOIN task_leases l ON l.task_id = t.id
 
 _event_decoders: dict[str, msgspec.json.Decoder[Any]] = {
     str(cls.__struct_config__.tag): msgspec.json.Decoder(cls)
-    for cls in AnyTaskEvent.__args__  # type: ignore[attr-defined]
+    for cls in AnyTaskEvent.__args__
 }
 
 
@@ -226,12 +226,18 @@ def decode_stored(type_: str, data: str | bytes) -> TaskEvent:
 
 
 class StoredEvent(Protocol):
-    seq: int
-    stream: str
-    stream_seq: int
-    type: str
-    data: str
-    recorded_at: str
+    @property
+    def seq(self) -> int: ...
+    @property
+    def stream(self) -> str: ...
+    @property
+    def stream_seq(self) -> int: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def data(self) -> str: ...
+    @property
+    def recorded_at(self) -> str: ...
 
 
 def task_id_of(stream: str) -> str:

@@ -24,11 +24,14 @@ async def _some_history(harness: AppHarness) -> None:
 async def _tamper(pool: asyncpg.Pool, seq: int) -> None:
     async with pool.acquire() as c, c.transaction():
         await c.execute("ALTER TABLE events DISABLE TRIGGER events_append_only")
-        await c.execute("UPDATE events SET data = jsonb_set(data, '{title}', '\"rewritten\"') WHERE seq = $1", seq)
+        await c.execute(
+            "UPDATE events SET data = jsonb_set(data, '{title}', '\"rewritten\"') WHERE seq = $1", seq)
         await c.execute("ALTER TABLE events ENABLE TRIGGER events_append_only")
 
 
-async def test_the_chain_verifies_from_the_table_whole_and_in_part(harness: AppHarness, pool: asyncpg.Pool) -> None:
+async def test_the_chain_verifies_from_the_table_whole_and_in_part(
+    harness: AppHarness, pool: asyncpg.Pool
+) -> None:
     await _some_history(harness)
     head, head_hash = await pool.fetchrow("SELECT seq, hash FROM log_head")
     body = await harness.admin.ok(await harness.admin.get("/audit/verify"))
@@ -47,7 +50,8 @@ async def test_a_row_altered_behind_the_guard_is_caught_by_the_endpoint_the_cli_
     await _some_history(harness)
     first = await pool.fetchval("SELECT min(seq) FROM events WHERE type = 'task.created' AND seq > 5")
     out = tmp_path / "before.jsonl"
-    assert await asyncio.to_thread(cli, ["audit", "export", "--database-url", db_url, "--output", str(out)]) == 0
+    assert await asyncio.to_thread(
+        cli, ["audit", "export", "--database-url", db_url, "--output", str(out)]) == 0
     await _tamper(pool, first)
 
     body = await harness.admin.ok(await harness.admin.get("/audit/verify"))
@@ -71,7 +75,8 @@ async def test_an_export_verifies_and_an_edited_line_names_its_event(
     out = tmp_path / "log.jsonl"
     assert await asyncio.to_thread(cli, ["audit", "export", "--database-url", db_url, "-o", str(out)]) == 0
     lines = out.read_text().splitlines()
-    header, events, trailer = json.loads(lines[0]), [json.loads(x) for x in lines[1:-1]], json.loads(lines[-1])
+    header, trailer = json.loads(lines[0]), json.loads(lines[-1])
+    events = [json.loads(x) for x in lines[1:-1]]
     assert header["prev_hash"] == "0" * 64 and header["from_seq"] == 1
     assert list(events[0]) == ["seq", "stream", "stream_seq", "type", "data", "meta", "recorded_at", "hash"]
     assert trailer["taskledger_audit_end"]["last_hash"] == events[-1]["hash"]

@@ -29,7 +29,8 @@ async def _busy_day(producer: Client, maker: Client, checker: Client) -> dict[st
     await producer.ok(await producer.post(f"/tasks/{blocked['id']}/unblock", {"action": "retry"}))
     gone = await create_task(producer, proj)
     await producer.ok(await producer.post(f"/tasks/{gone['id']}/cancel", {"reason": "no longer needed"}))
-    job = await producer.ok(await producer.post("/jobs", {"commands": ["true", "false"], "project": proj}), 201)
+    job = await producer.ok(
+        await producer.post("/jobs", {"commands": ["true", "false"], "project": proj}), 201)
     return {"verified": ok["id"], "blocked": blocked["id"], "cancelled": gone["id"], "job": job["job_id"]}
 
 
@@ -50,7 +51,9 @@ async def _index_names(pool: asyncpg.Pool) -> list[tuple[str, str]]:
     return [(r[0], r[1]) for r in rows]
 
 
-async def test_inline_checkpoints_follow_the_head_with_every_batch(harness: AppHarness, pool: asyncpg.Pool) -> None:
+async def test_inline_checkpoints_follow_the_head_with_every_batch(
+    harness: AppHarness, pool: asyncpg.Pool
+) -> None:
     await _busy_day(*await _actors(harness))
     head = await pool.fetchval("SELECT seq FROM log_head")
     cps = {r["name"]: r["seq"] for r in await pool.fetch("SELECT name, seq FROM projection_checkpoints")}
@@ -68,7 +71,9 @@ async def test_check_finds_nothing_when_the_views_are_the_fold_of_the_log(
     assert await _check(pool) == []
 
 
-async def test_check_names_projection_key_and_field_of_a_tampered_row(harness: AppHarness, pool: asyncpg.Pool) -> None:
+async def test_check_names_projection_key_and_field_of_a_tampered_row(
+    harness: AppHarness, pool: asyncpg.Pool
+) -> None:
     ids = await _busy_day(*await _actors(harness))
     await pool.execute("UPDATE tasks SET body = jsonb_set(body, '{title}', '\"forged\"'), priority = 9 "
                        "WHERE id = $1", ids["verified"])
@@ -85,7 +90,9 @@ async def test_check_names_projection_key_and_field_of_a_tampered_row(harness: A
     assert rc == 1
 
 
-async def test_rebuild_repairs_the_rows_and_keeps_table_and_index_names(harness: AppHarness, pool: asyncpg.Pool) -> None:
+async def test_rebuild_repairs_the_rows_and_keeps_table_and_index_names(
+    harness: AppHarness, pool: asyncpg.Pool
+) -> None:
     ids = await _busy_day(*await _actors(harness))
     before = await _index_names(pool)
     await pool.execute("UPDATE tasks SET state = 'forged' WHERE id = $1", ids["cancelled"])
@@ -120,6 +127,7 @@ async def test_a_rebuild_under_concurrent_writes_equals_the_live_projection_row_
         for _ in range(3):
             await _busy_day(producer, maker, checker)
         stop = asyncio.Event()
+        progressed = asyncio.Event()
         done = 0
 
         async def writer_load() -> None:
@@ -127,21 +135,21 @@ async def test_a_rebuild_under_concurrent_writes_equals_the_live_projection_row_
             while not stop.is_set():
                 await _busy_day(producer, maker, checker)
                 done += 1
+                progressed.set()
+
+        async def another_day() -> None:
+            progressed.clear()
+            await asyncio.wait_for(progressed.wait(), 60)
 
         load = asyncio.create_task(writer_load())
         conn = await asyncpg.connect(db_url)
         try:
             for p in framework.select(None):
-                before = done
                 # small pages and a tiny lock window, so writes land between pages and during catch-up
                 res = await framework.rebuild(conn, p, page_seqs=7, catch_up_under_lock=3)
                 assert res.seq > 0
-                while done < before + 1:
-                    await asyncio.sleep(0.05)
-            # reads and writes keep working on the swapped-in tables
-            start = done
-            while done < start + 1:
-                await asyncio.sleep(0.05)
+                # writes go on against the swapped-in tables
+                await another_day()
             await producer.ok(await producer.get("/tasks", params={"limit": 5}))
         finally:
             stop.set()
@@ -172,7 +180,9 @@ async def test_two_rebuilds_of_one_projection_do_not_run_at_once(pool: asyncpg.P
         await conn.close()
 
 
-async def test_task_and_job_views_as_of_a_seq_are_folds_of_the_log_prefix(harness: AppHarness, pool: asyncpg.Pool) -> None:
+async def test_task_and_job_views_as_of_a_seq_are_folds_of_the_log_prefix(
+    harness: AppHarness, pool: asyncpg.Pool
+) -> None:
     producer, maker, _ = await _actors(harness)
     proj = project()
     t = await create_task(producer, project())
@@ -181,9 +191,10 @@ async def test_task_and_job_views_as_of_a_seq_are_folds_of_the_log_prefix(harnes
     job = await producer.ok(await producer.post("/jobs", {"commands": ["a", "b"], "project": proj}), 201)
     job_created = await pool.fetchval("SELECT max(seq) FROM events WHERE stream = $1", f"job:{job['job_id']}")
     await producer.ok(await producer.post(f"/jobs/{job['job_id']}/cancel"))
-    past = await producer.ok(await producer.get(f"/tasks/{done['id']}", params={"as_of_seq": done["seq"] - 1}))
+    tid = done["id"]
+    past = await producer.ok(await producer.get(f"/tasks/{tid}", params={"as_of_seq": done["seq"] - 1}))
     assert past["state"] == "completed" and past["seq"] == done["seq"] - 1
-    past = await producer.ok(await producer.get(f"/tasks/{done['id']}", params={"as_of_seq": done["seq"] - 2}))
+    past = await producer.ok(await producer.get(f"/tasks/{tid}", params={"as_of_seq": done["seq"] - 2}))
     assert past["state"] == "running"
     assert (await producer.ok(await producer.get(f"/tasks/{t['id']}", params={"as_of_seq": created_seq})))[
         "state"] == "pending"
@@ -195,3 +206,44 @@ async def test_task_and_job_views_as_of_a_seq_are_folds_of_the_log_prefix(harnes
     assert r.status_code == 404 and r.json()["code"] == "job_not_found"
     r = await producer.get(f"/jobs/{job['job_id']}", params={"as_of_seq": 10**9})
     assert r.status_code == 400
+
+
+class _CountFold:
+    """A toy async projection: events per type."""
+
+    def reset(self) -> None:
+        pass
+
+    async def apply(self, conn: Any, page: Any, tables: Any) -> None:
+        counts: dict[str, int] = {}
+        for e in page:
+            counts[e.type] = counts.get(e.type, 0) + 1
+        await conn.executemany(
+            f"INSERT INTO {tables['event_counts']} (type, n) VALUES ($1, $2) "
+            f"ON CONFLICT (type) DO UPDATE SET n = {tables['event_counts']}.n + EXCLUDED.n",
+            list(counts.items()))
+
+
+async def test_an_async_projection_folds_from_its_checkpoint_and_checks_like_the_inline_ones(
+    harness: AppHarness, pool: asyncpg.Pool
+) -> None:
+    await pool.execute("CREATE TABLE event_counts (type text PRIMARY KEY, n bigint NOT NULL)")
+    counts = framework.Projection(
+        name="event_counts", version=1, tables=(framework.Table("event_counts", "type"),),
+        streams="task:", new_fold=_CountFold, inline=False)
+    producer, maker, checker = await _actors(harness)
+    await _busy_day(producer, maker, checker)
+    async with pool.acquire() as conn:
+        reached = await framework.advance(conn, counts, _CountFold(), page_seqs=5)
+    head = await pool.fetchval("SELECT seq FROM log_head")
+    assert reached == head
+    await _busy_day(producer, maker, checker)  # the writer leaves an async checkpoint alone
+    assert await pool.fetchval("SELECT seq FROM projection_checkpoints WHERE name = 'event_counts'") == head
+    expected = dict(await pool.fetch(
+        "SELECT type, count(*) FROM events WHERE stream LIKE 'task:%' AND seq <= $1 GROUP BY type", head))
+    assert dict(await pool.fetch("SELECT type, n FROM event_counts")) == expected
+    async with pool.acquire() as conn:
+        assert await framework.check(conn, [counts]) == []
+        await conn.execute("UPDATE event_counts SET n = n + 1 WHERE type = 'task.created'")
+        diffs = await framework.check(conn, [counts])
+    assert [(d.key, d.field) for d in diffs] == [("task.created", "n")]

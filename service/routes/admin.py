@@ -69,7 +69,9 @@ def _runs(request: Request[Any, Any, Any]) -> dict[str, RebuildRun]:
     return runs
 
 
-async def _rebuild_all(dsn: str, projections: list[framework.Projection], runs: dict[str, RebuildRun]) -> None:
+async def _rebuild_all(
+    dsn: str, projections: list[framework.Projection], runs: dict[str, RebuildRun]
+) -> None:
     conn = await asyncpg.connect(dsn)
     try:
         for p in projections:
@@ -106,7 +108,8 @@ class AdminController(Controller):
         runs = _runs(request)
         return ProjectionList(
             head_seq=stats[0].head_seq if stats else 0,
-            projections=[ProjectionInfo(**msgspec.structs.asdict(s), rebuild=runs.get(s.name)) for s in stats],
+            projections=[ProjectionInfo(**msgspec.structs.asdict(s), rebuild=runs.get(s.name))
+                         for s in stats],
         )
 
     @post("/rebuild", operation_id="rebuildProjections", guards=[requires("admin")], status_code=202)
