@@ -236,8 +236,13 @@ class LogTx:
             return
         # One wake-up per commit (NOTIFY is delivered at commit); listeners read
         # the table, not the payload.
+        # The same statement moves the checkpoint of every inline projection
+        # (sql/004_projections.sql): their rows were written in this
+        # transaction, so they have folded the log up to the new head. This is
+        # the projections' only hook in the append path; it adds no statement.
         await self.conn.execute(
-            "WITH h AS (UPDATE log_head SET seq = $1, hash = $2 WHERE id = 1) "
+            "WITH h AS (UPDATE log_head SET seq = $1, hash = $2 WHERE id = 1), "
+            "c AS (UPDATE projection_checkpoints SET seq = $1, updated_at = now() WHERE inline) "
             "SELECT pg_notify($3, $1::text)",
             self.head_seq, self.head_hash, NOTIFY_CHANNEL,
         )

@@ -121,3 +121,54 @@ async def replay(conn: Reader, job_id: str, *, to_seq: int | None = None) -> mod
             created_seq=rows[0]["seq"],
         )
     return state
+
+
+# --------------------------------------------------------------------------- rebuild and check
+# (added with the projection framework, projections/framework.py)
+
+
+async def save_rows(conn: Any, states: Sequence[model.JobState], *, table: str = "jobs") -> None:
+    """Upsert many rows into `table` (the live table, or a rebuild's shadow of it)."""
+    if not states:
+        return
+    await conn.executemany(
+        _UPSERT.replace("INSERT INTO jobs ", f"INSERT INTO {table} ", 1),
+        [(s.job_id, s.version, s.seq, s.created_seq, s.state, s.project, s.node, s.worker,
+          s.cancel_requested, datetime.fromtimestamp(s.created_at, UTC), _encoder.encode(s).decode())
+         for s in states],
+    )
+
+
+class JobFold:
+    """The fold of `job:` streams into job rows; evicted states reload from the rows written."""
+
+    def __init__(self, cache_max: int = 50_000) -> None:
+        self.cache_max = cache_max
+        self.states: dict[str, model.JobState] = {}
+
+    def reset(self) -> None:
+        self.states.clear()
+
+    async def apply(self, conn: Any, page: Sequence[Any], tables: Any) -> None:
+        table = tables["jobs"]
+        missing = list({e.stream[4:] for e in page
+                        if e.stream_seq > 1 and e.stream[4:] not in self.states})
+        if missing:
+            rows = await conn.fetch(f"SELECT body::text AS body FROM {table} WHERE id = ANY($1::text[])",
+                                    missing)
+            for r in rows:
+                s = decode_state(r["body"])
+                self.states[s.job_id] = s
+        changed: dict[str, None] = {}
+        for e in page:
+            jid = e.stream[4:]
+            prev = self.states.get(jid)
+            s = model.evolve(prev, model.decode(e.type, e.data))
+            s = msgspec.structs.replace(
+                s, version=e.stream_seq, seq=e.seq,
+                created_seq=e.seq if prev is None else prev.created_seq)
+            self.states[jid] = s
+            changed[jid] = None
+        await save_rows(conn, [self.states[j] for j in changed], table=table)
+        if len(self.states) > self.cache_max:
+            self.reset()

@@ -9,18 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 import msgspec
 
+from events import store
+from events.store import RecordedEvent
 from events.tasks import (
+    AnyTaskEvent,
     TaskBlocked,
     TaskCancelled,
     TaskEvent,
     TaskState,
     TaskUnblocked,
     Unmet,
+    decode_event,
+    evolve,
 )
 
 NAME = "tasks"
@@ -86,7 +91,7 @@ def created_seq(s: TaskState, known: dict[str, int]) -> int:
 
 
 _UPSERT = """
-INSERT INTO tasks (id, project, task_type, state, parent_task_id, subtask_round, is_parent, priority,
+INSERT INTO {table} (id, project, task_type, state, parent_task_id, subtask_round, is_parent, priority,
                    assignee, node_blacklist, maker_node, maker_worker, created_seq, version, seq,
                    escalate_at, body)
 SELECT id, project, task_type, state, parent_task_id, subtask_round, is_parent, priority, assignee,
@@ -124,12 +129,19 @@ def _pg_text(v: str) -> str:
     return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-async def save(conn: Any, states: Iterable[TaskState], created: dict[str, int] | None = None) -> None:
-    """Upsert task rows. `created` maps new task ids to the seq of their task.created."""
+_UPSERT_TASKS = _UPSERT.format(table="tasks")
+
+
+async def save(conn: Any, states: Iterable[TaskState], created: dict[str, int] | None = None,
+               *, table: str = "tasks") -> None:
+    """Upsert task rows. `created` maps new task ids to the seq of their task.created.
+
+    `table` is another table of the same shape (a rebuild's shadow)."""
     states = list(states)
     if not states:
         return
-    await conn.execute(_UPSERT, *row_args(states, created or {}))
+    sql = _UPSERT_TASKS if table == "tasks" else _UPSERT.format(table=table)
+    await conn.execute(sql, *row_args(states, created or {}))
 
 
 async def load(conn: asyncpg.Connection | asyncpg.Pool, ids: Sequence[str]) -> dict[str, TaskState]:
@@ -158,7 +170,7 @@ async def load_blockers(conn: Any, ids: Sequence[str]) -> dict[str, Blocker]:
     return {b.id: b for b in (_dec_blocker.decode(r["body"]) for r in rows)}
 
 
-async def save_blockers(conn: Any, blockers: Iterable[Blocker]) -> None:
+async def save_blockers(conn: Any, blockers: Iterable[Blocker], *, table: str = "blockers") -> None:
     rows = [
         (b.id, b.task_id, b.project, b.open, b.opened_seq, b.resolved_seq, _enc.encode(b).decode())
         for b in blockers
@@ -166,7 +178,7 @@ async def save_blockers(conn: Any, blockers: Iterable[Blocker]) -> None:
     if not rows:
         return
     await conn.executemany(
-        """INSERT INTO blockers (id, task_id, project, open, opened_seq, resolved_seq, body)
+        f"""INSERT INTO {table} (id, task_id, project, open, opened_seq, resolved_seq, body)
            VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)
            ON CONFLICT (id) DO UPDATE SET open = EXCLUDED.open, resolved_seq = EXCLUDED.resolved_seq,
                body = EXCLUDED.body""",
@@ -188,3 +200,163 @@ SELECT CASE WHEN l.task_id IS NULL THEN t.body
        END::text AS body
 FROM tasks t LEFT JOIN task_leases l ON l.task_id = t.id
 """
+
+
+# ---------------------------------------------------------------- folding the log
+#
+# The rebuild and the check fold stored events into the same rows the command
+# path writes (`service.task_commands.Session.apply`): a task row is `evolve`
+# over its stream; a blocker is `evolve_blocker` over the stream of its task,
+# given the task's state before each event. Rounds live inside the parent's
+# task row (`TaskState.rounds`), so they are folded with it.
+
+_event_decoders: dict[str, msgspec.json.Decoder[Any]] = {
+    str(cls.__struct_config__.tag): msgspec.json.Decoder(cls)
+    for cls in AnyTaskEvent.__args__
+}
+
+
+def decode_stored(type_: str, data: str | bytes) -> TaskEvent:
+    """A stored (type, data JSON) pair into its event Struct (as `decode_event`, without a dict)."""
+    dec = _event_decoders.get(type_)
+    if dec is None:
+        raise ValueError(f"unknown task event type {type_!r}")
+    ev: TaskEvent = dec.decode(data)
+    return ev
+
+
+class StoredEvent(Protocol):
+    @property
+    def seq(self) -> int: ...
+    @property
+    def stream(self) -> str: ...
+    @property
+    def stream_seq(self) -> int: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def data(self) -> str: ...
+    @property
+    def recorded_at(self) -> str: ...
+
+
+def task_id_of(stream: str) -> str:
+    return stream[5:] if stream.startswith("task:") else stream
+
+
+def fold_page(
+    states: dict[str, TaskState], blockers: dict[str, Blocker] | None, page: Sequence[StoredEvent],
+) -> tuple[list[str], dict[str, int], list[str]]:
+    """Pure: fold `page` into `states` (and `blockers` when given), in place.
+
+    Returns the changed task ids, the seq of each task.created seen, and the
+    changed blocker ids. `states` must hold the state of every stream in
+    `page` that began before it, and `blockers` every blocker those states name.
+    """
+    changed: dict[str, None] = {}
+    created: dict[str, int] = {}
+    changed_blockers: dict[str, None] = {}
+    for e in page:
+        tid = task_id_of(e.stream)
+        ev = decode_stored(e.type, e.data)
+        s = states.get(tid)
+        if s is None:
+            created[tid] = e.seq
+        elif blockers is not None:
+            b = blockers.get(s.blocker_id) if s.blocker_id is not None else None
+            nb = evolve_blocker(b, s, ev, seq=e.seq, at=e.recorded_at)
+            if nb is not None:
+                blockers[nb.id] = nb
+                changed_blockers[nb.id] = None
+        states[tid] = evolve(s, ev, seq=e.seq, version=e.stream_seq, at=e.recorded_at)
+        changed[tid] = None
+    return list(changed), created, list(changed_blockers)
+
+
+class TaskFold:
+    """The fold of `task:` streams into task rows or blocker rows (one `Fold` each).
+
+    Task states are cached between pages, at most `cache_max` of them. For the
+    task rows the cache reloads from the rows being written; for blockers
+    (which do not write task rows) an evicted task is folded again from the log.
+    """
+
+    def __init__(self, *, write: str, cache_max: int = 50_000) -> None:
+        assert write in ("tasks", "blockers")
+        self.write = write
+        self.cache_max = cache_max
+        self.states: dict[str, TaskState] = {}
+        self.blockers: dict[str, Blocker] = {}
+
+    def reset(self) -> None:
+        self.states.clear()
+        self.blockers.clear()
+
+    async def apply(self, conn: Any, page: Sequence[StoredEvent], tables: Any) -> None:
+        first: dict[str, StoredEvent] = {}
+        for e in page:
+            first.setdefault(e.stream, e)
+        missing = [task_id_of(s) for s, e in first.items()
+                   if e.stream_seq > 1 and task_id_of(s) not in self.states]
+        if missing:
+            await self._load(conn, missing, page[0].seq, tables)
+        if self.write == "tasks":
+            changed, created, _ = fold_page(self.states, None, page)
+            await save(conn, [self.states[t] for t in changed], created, table=tables["tasks"])
+        else:
+            bids = {s.blocker_id for t in first
+                    if (s := self.states.get(task_id_of(t))) is not None and s.blocker_id is not None}
+            need = [b for b in bids if b not in self.blockers]
+            if need:
+                rows = await conn.fetch(
+                    f"SELECT body::text AS body FROM {tables['blockers']} WHERE id = ANY($1::text[])", need)
+                for r in rows:
+                    b = _dec_blocker.decode(r["body"])
+                    self.blockers[b.id] = b
+            _, _, changed_b = fold_page(self.states, self.blockers, page)
+            await save_blockers(conn, [self.blockers[b] for b in changed_b], table=tables["blockers"])
+        if len(self.states) > self.cache_max:
+            self.reset()
+
+    async def _load(self, conn: Any, ids: list[str], before_seq: int, tables: Any) -> None:
+        if self.write == "tasks":
+            rows = await conn.fetch(
+                f"SELECT body::text AS body FROM {tables['tasks']} WHERE id = ANY($1::text[])", ids)
+            for r in rows:
+                s = _dec_state.decode(r["body"])
+                self.states[s.id] = s
+            return
+        from projections.framework import read_stream_before
+
+        events = await read_stream_before(conn, [f"task:{i}" for i in ids], before_seq)
+        fold_page(self.states, None, events)
+
+
+async def history(
+    conn: Any, task_id: str, to_seq: int | None = None
+) -> list[tuple[RecordedEvent, TaskState]]:
+    """Each event of the task's stream (up to global seq `to_seq`) with the state after it."""
+    out: list[tuple[RecordedEvent, TaskState]] = []
+    s: TaskState | None = None
+    since = 0
+    while True:
+        batch = await store.read_stream(conn, f"task:{task_id}", since_stream_seq=since, to_seq=to_seq)
+        for e in batch:
+            s = evolve(s, decode_event(e.type, e.data), seq=e.seq, version=e.stream_seq, at=e.recorded_at)
+            out.append((e, s))
+        if len(batch) < 1000:
+            return out
+        since = batch[-1].stream_seq
+
+
+async def state_as_of(conn: Any, task_id: str, as_of_seq: int) -> TaskState | None:
+    """The task as it stood after global seq `as_of_seq`, folded from the log."""
+    s: TaskState | None = None
+    since = 0
+    while True:
+        batch = await store.read_stream(conn, f"task:{task_id}", since_stream_seq=since, to_seq=as_of_seq)
+        for e in batch:
+            s = evolve(s, decode_event(e.type, e.data), seq=e.seq, version=e.stream_seq, at=e.recorded_at)
+        if len(batch) < 1000:
+            return s
+        since = batch[-1].stream_seq

@@ -19,6 +19,13 @@ from service.auth import Principal
 from service.commands import Ctx
 from service.writer import UnitOfWork
 
+
+def _now(uow: UnitOfWork) -> float:
+    """The batch's clock (the database's, taken with the head lock) in epoch
+    seconds, which is how jobs reckon time."""
+    return uow.now.timestamp()
+
+
 View = dict[str, Any]
 JobCommand = Callable[[UnitOfWork], Awaitable[View]]
 
@@ -35,8 +42,7 @@ def view(state: model.JobState, now: float, lease_expires_at: datetime | None = 
         out["lease_seconds"] = state.lease_seconds
         out["lease_expires_at"] = (
             lease_expires_at.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-            if lease_expires_at is not None
-            else None
+            if lease_expires_at is not None else None
         )
     else:
         out["lease_seconds"] = None
@@ -56,10 +62,7 @@ async def _load(uow: UnitOfWork, job_id: str) -> model.JobState:
 
 
 async def _write(
-    uow: UnitOfWork,
-    ctx: Ctx,
-    state: model.JobState | None,
-    job_id: str,
+    uow: UnitOfWork, ctx: Ctx, state: model.JobState | None, job_id: str,
     events: Sequence[model.AnyJobEvent],
 ) -> model.JobState:
     """Append `events` (refusing if the stream moved on) and upsert the view."""
@@ -77,18 +80,17 @@ async def _write(
 
 def create(ctx: Ctx, cmd: model.CreateJob) -> JobCommand:
     async def fn(uow: UnitOfWork) -> View:
-        events = model.decide_create(cmd, uow.now.timestamp())
+        events = model.decide_create(cmd, _now(uow))
         if await uow.fetchval("SELECT 1 FROM jobs WHERE id = $1", cmd.job_id):
             raise AlreadyExists(f"job {cmd.job_id} already exists", job_id=cmd.job_id)
         state = await _write(uow, ctx, None, cmd.job_id, events)
-        return view(state, uow.now.timestamp())
+        return view(state, _now(uow))
 
     return fn
 
 
-def claim(
-    ctx: Ctx, *, lease_seconds: int, projects: Sequence[str] | None
-) -> Callable[[UnitOfWork], Awaitable[View | None]]:
+def claim(ctx: Ctx, *, lease_seconds: int, projects: Sequence[str] | None) -> Callable[
+        [UnitOfWork], Awaitable[View | None]]:
     """The oldest pending job (of `projects`, if given), or None.
 
     Claims are serialised by the log's head lock (every batch holds it), and a
@@ -114,28 +116,20 @@ def claim(
         state = projection.decode_state(row["body"])
         lease_id = uuid.uuid4().hex
         events = model.decide_claim(
-            state,
-            model.Claim(node=node, worker=worker, lease_id=lease_id, lease_seconds=lease_seconds),
-            uow.now.timestamp(),
+            state, model.Claim(node=node, worker=worker, lease_id=lease_id, lease_seconds=lease_seconds),
+            _now(uow),
         )
         new = await _write(uow, ctx, state, state.job_id, events)
-        expires = _ts(uow.now.timestamp() + lease_seconds)
+        expires = _ts(_now(uow) + lease_seconds)
         await uow.execute(
-            "INSERT INTO job_leases "
-            "(job_id, lease_id, node, worker, lease_seconds, expires_at, last_report_at) "
+            "INSERT INTO job_leases (job_id, lease_id, node, worker, lease_seconds, expires_at, last_report_at) "
             "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job_id) DO UPDATE SET "
             "lease_id = EXCLUDED.lease_id, node = EXCLUDED.node, worker = EXCLUDED.worker, "
             "lease_seconds = EXCLUDED.lease_seconds, expires_at = EXCLUDED.expires_at, "
             "last_report_at = EXCLUDED.last_report_at",
-            new.job_id,
-            lease_id,
-            node,
-            worker,
-            lease_seconds,
-            expires,
-            _ts(uow.now.timestamp()),
+            new.job_id, lease_id, node, worker, lease_seconds, expires, _ts(_now(uow)),
         )
-        return view(new, uow.now.timestamp(), expires)
+        return view(new, _now(uow), expires)
 
     return fn
 
@@ -146,12 +140,10 @@ async def _settle_lease(uow: UnitOfWork, state: model.JobState) -> datetime | No
         await uow.execute("DELETE FROM job_leases WHERE job_id = $1", state.job_id)
         return None
     if state.state in model.ACTIVE:
-        expires = _ts(uow.now.timestamp() + (state.lease_seconds or 60))
+        expires = _ts(_now(uow) + (state.lease_seconds or 60))
         await uow.execute(
             "UPDATE job_leases SET expires_at = $2, last_report_at = $3 WHERE job_id = $1",
-            state.job_id,
-            expires,
-            _ts(uow.now.timestamp()),
+            state.job_id, expires, _ts(_now(uow)),
         )
         return expires
     return None
@@ -162,11 +154,11 @@ def report(ctx: Ctx, job_id: str, r: model.Report, lease_id: str | None) -> JobC
 
     async def fn(uow: UnitOfWork) -> View:
         state = await _load(uow, job_id)
-        events = model.decide_report(state, holder, r, uow.now.timestamp())
+        events = model.decide_report(state, holder, r, _now(uow))
         if events:
             state = await _write(uow, ctx, state, job_id, events)
         expires = await _settle_lease(uow, state)
-        return view(state, uow.now.timestamp(), expires)
+        return view(state, _now(uow), expires)
 
     return fn
 
@@ -174,13 +166,13 @@ def report(ctx: Ctx, job_id: str, r: model.Report, lease_id: str | None) -> JobC
 def cancel(ctx: Ctx, job_id: str) -> JobCommand:
     async def fn(uow: UnitOfWork) -> View:
         state = await _load(uow, job_id)
-        events = model.decide_cancel(state, uow.now.timestamp())
+        events = model.decide_cancel(state, _now(uow))
         if events:
             state = await _write(uow, ctx, state, job_id, events)
             if state.terminal:
                 await uow.execute("DELETE FROM job_leases WHERE job_id = $1", job_id)
         expires = await uow.fetchval("SELECT expires_at FROM job_leases WHERE job_id = $1", job_id)
-        return view(state, uow.now.timestamp(), expires)
+        return view(state, _now(uow), expires)
 
     return fn
 
@@ -191,17 +183,17 @@ def expire_lease(job_id: str, ctx: Ctx = SYSTEM_CTX) -> Callable[[UnitOfWork], A
 
     async def fn(uow: UnitOfWork) -> View | None:
         lease = await uow.fetchrow("SELECT expires_at FROM job_leases WHERE job_id = $1", job_id)
-        if lease is None or lease["expires_at"].timestamp() > uow.now.timestamp():
+        if lease is None or lease["expires_at"].timestamp() > _now(uow):
             return None
         state = await projection.load(uow, job_id)
         if state is None:
             await uow.execute("DELETE FROM job_leases WHERE job_id = $1", job_id)
             return None
-        events = model.decide_lease_expired(state, uow.now.timestamp(), lease["expires_at"].timestamp())
+        events = model.decide_lease_expired(state, _now(uow), lease["expires_at"].timestamp())
         if events:
             state = await _write(uow, ctx, state, job_id, events)
         await uow.execute("DELETE FROM job_leases WHERE job_id = $1", job_id)
-        return view(state, uow.now.timestamp())
+        return view(state, _now(uow))
 
     return fn
 

@@ -18,7 +18,7 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from events import jobs as model
 from events.errors import JobNotFound, ValidationFailed
 from events.store import EVENT_JSON_SQL
-from projections.jobs import decode_state, stream_of
+from projections.jobs import decode_state, replay, stream_of
 from service import job_commands
 from service.auth import requires
 from service.commands import Stored, ctx_of, run
@@ -204,8 +204,13 @@ class JobController(Controller):
         return {"jobs": jobs, "next_after": rows[-1]["created_seq"] if rows else after or 0}
 
     @get("/{job_id:str}", operation_id="getJob")
-    async def get_job(self, request: Request[Any, Any, Any], job_id: FromPath[str]) -> dict[str, Any]:
+    async def get_job(
+        self, request: Request[Any, Any, Any], job_id: FromPath[str],
+        as_of_seq: Annotated[int | None, QueryParameter(ge=0, le=2**62)] = None,
+    ) -> dict[str, Any]:
         check_id(job_id, "job id")
+        if as_of_seq is not None:
+            return await _job_as_of(request.app.state.pool, job_id, as_of_seq)
         out = await job_commands.read_view(request.app.state.pool, job_id, time.time())
         if out is None:
             raise JobNotFound(f"job {job_id} does not exist", job_id=job_id)
@@ -269,6 +274,18 @@ class JobController(Controller):
 
 
 ROUTES = [JobController]
+
+
+async def _job_as_of(pool: Any, job_id: str, as_of_seq: int) -> dict[str, Any]:
+    """The job as it stood after global seq `as_of_seq`, timed as of that event."""
+    head = await pool.fetchval("SELECT seq FROM log_head WHERE id = 1")
+    if as_of_seq > head:
+        raise ValidationFailed(f"as_of_seq {as_of_seq} is beyond the head of the log ({head})")
+    state = await replay(pool, job_id, to_seq=as_of_seq)
+    if state is None:
+        raise JobNotFound(f"job {job_id} did not exist at seq {as_of_seq}", job_id=job_id)
+    at = await pool.fetchval("SELECT extract(epoch FROM recorded_at) FROM events WHERE seq = $1", as_of_seq)
+    return job_commands.view(state, float(at))
 
 
 async def sweep_once(app: Litestar, limit: int = 100) -> int:

@@ -19,8 +19,6 @@ from events.tasks import (
     RequirementVerdict,
     TaskState,
     Verification,
-    decode_event,
-    evolve,
 )
 from projections import tasks as views
 from service import task_commands as cmds
@@ -251,7 +249,7 @@ class TaskController(Controller):
             head, _ = await store.head(pool)
             if as_of_seq > head:
                 raise ValidationFailed(f"as_of_seq {as_of_seq} is beyond the head of the log ({head})")
-            s = await state_as_of(pool, task_id, as_of_seq)
+            s = await views.state_as_of(pool, task_id, as_of_seq)
             if s is None:
                 raise TaskNotFound(f"task {task_id} did not exist at seq {as_of_seq}", task_id=task_id)
             return Response(content=s)
@@ -376,18 +374,6 @@ async def list_blockers(
     rows = await request.app.state.pool.fetch(
         f"SELECT body::text AS body FROM blockers {where} ORDER BY opened_seq LIMIT {int(limit)}", *args)
     return BlockerList(blockers=[msgspec.Raw(r["body"].encode()) for r in rows])
-
-
-async def state_as_of(pool: Any, task_id: FromPath[str], as_of_seq: int) -> TaskState | None:
-    s: TaskState | None = None
-    since = 0
-    while True:
-        batch = await store.read_stream(pool, f"task:{task_id}", since_stream_seq=since, to_seq=as_of_seq)
-        for e in batch:
-            s = evolve(s, decode_event(e.type, e.data), seq=e.seq, version=e.stream_seq, at=e.recorded_at)
-        if len(batch) < 1000:
-            return s
-        since = batch[-1].stream_seq
 
 
 ROUTES = [TaskController, list_blockers]

@@ -1,0 +1,221 @@
+"""Rebuild speed over a large log, beside the raw read speed of the same rows.
+
+    .venv/bin/python -m bench.rebuild [--events 1000000] [--database-url URL]
+
+Seeds a fresh database with task streams that the pure model produced
+(`events.tasks.decide_*`): each maker task is created, claimed, started,
+completed, verified by a checker on another node and collected — 12 events over
+two streams. One such lifecycle is generated with a placeholder id, then
+instantiated with fresh ids and interleaved (many tasks in flight at once), its
+hash chain computed per event and checked against `events.canonical.event_hash`
+for the first events, and written with COPY. Then, in the same run:
+
+* raw read: a plain `SELECT ... ORDER BY seq` over the whole log through
+  asyncpg (a server-side cursor), and the paged read the rebuild itself uses;
+* rebuild of each projection (tasks, blockers, jobs) through
+  `projections.framework.rebuild`, i.e. shadow tables and the atomic swap;
+* a check of the tasks projection (fold again, compare row by row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import platform
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from events.canonical import GENESIS_HASH, canonical_json, event_hash, format_ts
+from events.tasks import (
+    NewTask,
+    Requirement,
+    RequirementVerdict,
+    decide_claim,
+    decide_collect,
+    decide_complete,
+    decide_create,
+    decide_start,
+    decide_verifier_complete,
+    event_data,
+    event_type,
+    evolve,
+)
+from projections import framework
+from service.migrate import migrate
+
+PH = "XQXIDXQX"
+_enc = msgspec.json.Encoder()
+
+
+def lifecycle() -> list[tuple[str, str, bytes, bytes]]:
+    """One maker-checker lifecycle as (task id, type, data JSON, canonical data JSON), ids as PH."""
+    states: dict[str, Any] = {}
+    out: list[tuple[str, str, bytes, bytes]] = []
+    at = "2026-01-01T00:00:00.000000Z"
+    exp = "2026-01-01T00:01:00.000000Z"
+
+    def apply(changes: Any) -> None:
+        for tid, evs in changes:
+            for ev in evs:
+                states[tid] = evolve(states.get(tid), ev, seq=1, version=1, at=at)
+                data = event_data(ev)
+                out.append((tid, event_type(ev), _enc.encode(data), canonical_json(data)))
+
+    t = NewTask(id=PH, project="bench", title="bench task", spec="make it so",
+                requirements=[Requirement(id="R1", text="it works"), Requirement(id="R2", text="it is fast")])
+    apply(decide_create(None, t, None, default_escalation=3600))
+    apply([(PH, decide_claim(states[PH], node="node-a", worker="maker", lease_id=f"L-{PH}",
+                             lease_expires_at=exp, task_types=["implement"], projects=None))])
+    apply([(PH, decide_start(states[PH], lease_id=f"L-{PH}", worker="maker"))])
+    apply(decide_complete(states[PH], lease_id=f"L-{PH}", worker="maker", result={"ok": True, "lines": 42}))
+    vid = f"V-{PH}"
+    apply([(vid, decide_claim(states[vid], node="node-b", worker="checker", lease_id=f"L-{vid}",
+                              lease_expires_at=exp, task_types=["verify"], projects=None))])
+    apply([(vid, decide_start(states[vid], lease_id=f"L-{vid}", worker="checker"))])
+    apply(decide_verifier_complete(
+        states[vid], states[PH], lease_id=f"L-{vid}", worker="checker", outcome="PASS",
+        verdicts=[RequirementVerdict(requirement_id="R1", verdict="PASS", reason="tests pass"),
+                  RequirementVerdict(requirement_id="R2", verdict="PASS", reason="fast enough")],
+        category=None, result=None, default_escalation=3600))
+    apply([(PH, decide_collect(states[PH], by="producer"))])
+    return out
+
+
+async def seed(conn: asyncpg.Connection, n_events: int, in_flight: int = 500) -> tuple[int, float]:
+    tmpl = lifecycle()
+    per = len(tmpl)
+    meta = {"actor": "bench", "role": "admin", "node": None, "request_id": "bench", "project": "bench"}
+    meta_text = _enc.encode(meta).decode()
+    meta_canon = canonical_json(meta)
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    prev = GENESIS_HASH
+    seq = 0
+    rows: list[tuple[Any, ...]] = []
+    t0 = time.perf_counter()
+    n_tasks = 0
+    checked = 0
+    while seq < n_events:
+        ids = [f"b{n_tasks + i:07d}" for i in range(in_flight)]
+        n_tasks += in_flight
+        versions: dict[str, int] = {}
+        # step k of every task in flight before step k + 1: streams interleave as under load
+        for tid_t, typ, data_t, canon_t in tmpl:
+            for iid in ids:
+                if seq >= n_events:
+                    break
+                seq += 1
+                tid = tid_t.replace(PH, iid)
+                stream = f"task:{tid}"
+                ss = versions[stream] = versions.get(stream, 0) + 1
+                data = data_t.replace(PH.encode(), iid.encode())
+                canon = canon_t.replace(PH.encode(), iid.encode())
+                ts = base + timedelta(microseconds=seq * 37)
+                rec = format_ts(ts)
+                body = (b'{"data":' + canon + b',"meta":' + meta_canon + b',"recorded_at":"' + rec.encode()
+                        + b'","seq":' + str(seq).encode() + b',"stream":"' + stream.encode()
+                        + b'","stream_seq":' + str(ss).encode() + b',"type":"' + typ.encode() + b'"}')
+                h = hashlib.sha256(prev.encode() + body).hexdigest()
+                if checked < 200:
+                    assert h == event_hash(prev, seq=seq, stream=stream, stream_seq=ss, type=typ,
+                                           data=msgspec.json.decode(data), meta=meta, recorded_at=rec)
+                    checked += 1
+                rows.append((seq, stream, ss, typ, data.decode(), meta_text, ts, h))
+                prev = h
+        if len(rows) >= 50_000 or seq >= n_events:
+            await conn.copy_records_to_table(
+                "events", records=rows,
+                columns=["seq", "stream", "stream_seq", "type", "data", "meta", "recorded_at", "hash"])
+            rows = []
+    await conn.execute("UPDATE log_head SET seq = $1, hash = $2 WHERE id = 1", seq, prev)
+    await conn.execute("UPDATE projection_checkpoints SET seq = 0")
+    await conn.execute("ANALYZE events")
+    del per
+    return seq, time.perf_counter() - t0
+
+
+async def raw_reads(conn: asyncpg.Connection, head: int) -> dict[str, float]:
+    out = {}
+    t0 = time.perf_counter()
+    n = 0
+    async with conn.transaction():
+        cur = conn.cursor(
+            "SELECT seq, stream, stream_seq, type, data::text, recorded_at FROM events ORDER BY seq",
+                          prefetch=10_000)
+        async for _ in cur:
+            n += 1
+    out["plain SELECT ... ORDER BY seq (cursor)"] = n / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    pos = n = 0
+    while pos < head:
+        page = await framework.read_page(conn, "task:", pos, min(pos + framework.PAGE_SEQS, head))
+        n += len(page)
+        pos += framework.PAGE_SEQS
+    out["the rebuild's paged read (10,000 seqs a page)"] = n / (time.perf_counter() - t0)
+    return out
+
+
+async def main_async(args: argparse.Namespace, url: str) -> None:
+    from service.embedded import with_database
+
+    name = "tl_bench_rebuild_" + uuid.uuid4().hex[:8]
+    admin = await asyncpg.connect(url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    db = with_database(url, name)
+    conn = await asyncpg.connect(db)
+    try:
+        await migrate(conn)
+        head, secs = await seed(conn, args.events)
+        print(f"seeded {head:,} events in {secs:.1f}s ({head / secs:,.0f} events/s)", flush=True)
+        size = await conn.fetchval("SELECT pg_size_pretty(pg_total_relation_size('events'))")
+        print(f"events table: {size}", flush=True)
+        for label, rate in (await raw_reads(conn, head)).items():
+            print(f"raw read, {label}: {rate:,.0f} events/s", flush=True)
+        for p in framework.select(None):
+            res = await framework.rebuild(conn, p)
+            rows = await conn.fetchval(f"SELECT count(*) FROM {p.tables[0].name}")
+            print(f"rebuild {p.name}: {res.seconds:.1f}s, {res.events_per_second:,.0f} log events/s, "
+                  f"{rows:,} rows, head lock held {res.swap_ms:.1f} ms", flush=True)
+        if not args.no_check:
+            t0 = time.perf_counter()
+            diffs = await framework.check(conn, [framework.get("tasks")])
+            el = time.perf_counter() - t0
+            print(f"check tasks: {el:.1f}s, {head / el:,.0f} events/s, {len(diffs)} differences", flush=True)
+        print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
+              f"Python {platform.python_version()}, "
+              f"{await conn.fetchval('SHOW server_version')}; {datetime.now(UTC):%Y-%m-%d}")
+    finally:
+        await conn.close()
+        admin = await asyncpg.connect(url)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--database-url", default=None)
+    ap.add_argument("--no-check", action="store_true")
+    args = ap.parse_args()
+    handle = None
+    url = args.database_url or os.environ.get("TASKLEDGER_DATABASE_URL")
+    if not url:
+        from service.embedded import start_embedded
+
+        handle, url = start_embedded(tempfile.mkdtemp(prefix="tl-bench-rebuild-"))
+    try:
+        asyncio.run(main_async(args, url))
+    finally:
+        del handle
+
+
+if __name__ == "__main__":
+    main()

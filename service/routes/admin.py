@@ -1,0 +1,158 @@
+"""Operators and auditors: projection status, rebuilds, and the log's hash chain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Annotated, Any
+
+import asyncpg
+import msgspec
+from litestar import Controller, Request, Response, get, post
+from litestar.params import JSONBody, QueryParameter
+
+from events import audit
+from events.errors import Conflict, ValidationFailed
+from projections import framework
+from service.auth import requires
+
+log = logging.getLogger("taskledger.admin")
+
+
+class RebuildRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    projection: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | None = None
+    wait: bool = False
+
+
+class RebuildRun(msgspec.Struct, kw_only=True):
+    projection: str
+    state: str  # queued | running | done | failed
+    folded_seq: int = 0
+    target_seq: int = 0
+    events_per_second: float | None = None
+    seconds: float | None = None
+    swap_ms: float | None = None
+    error: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class RebuildAccepted(msgspec.Struct, kw_only=True):
+    rebuilds: list[RebuildRun]
+
+
+class ProjectionInfo(msgspec.Struct, kw_only=True):
+    name: str
+    version: int
+    stored_version: int | None
+    inline: bool
+    tables: list[str]
+    checkpoint_seq: int | None
+    head_seq: int
+    lag: int | None
+    rebuild: RebuildRun | None
+
+
+class ProjectionList(msgspec.Struct, kw_only=True):
+    projections: list[ProjectionInfo]
+    head_seq: int
+
+
+class RebuildInProgress(Conflict):
+    code = "rebuild_in_progress"
+    title = "A rebuild is already running"
+
+
+def _runs(request: Request[Any, Any, Any]) -> dict[str, RebuildRun]:
+    runs: dict[str, RebuildRun] = request.app.state.rebuilds
+    return runs
+
+
+async def _rebuild_all(
+    dsn: str, projections: list[framework.Projection], runs: dict[str, RebuildRun]
+) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        for p in projections:
+            run = runs[p.name]
+            run.state, run.started_at = "running", time.time()
+
+            def progress(_: str, done: int, target: int, run: RebuildRun = run) -> None:
+                run.folded_seq, run.target_seq = done, target
+
+            try:
+                res = await framework.rebuild(conn, p, progress=progress)
+            except asyncio.CancelledError:
+                run.state, run.error, run.finished_at = "failed", "cancelled", time.time()
+                raise
+            except Exception as e:
+                log.exception("rebuild of %s failed", p.name)
+                run.state, run.error, run.finished_at = "failed", f"{type(e).__name__}: {e}", time.time()
+                continue
+            run.state, run.finished_at = "done", time.time()
+            run.folded_seq = run.target_seq = res.seq
+            run.seconds, run.swap_ms = round(res.seconds, 3), round(res.swap_ms, 3)
+            run.events_per_second = round(res.events_per_second, 1)
+    finally:
+        await conn.close()
+
+
+class AdminController(Controller):
+    path = "/admin"
+    tags = ["admin"]
+
+    @get("/projections", operation_id="listProjections")
+    async def projections(self, request: Request[Any, Any, Any]) -> ProjectionList:
+        stats = await framework.statuses(request.app.state.pool)
+        runs = _runs(request)
+        return ProjectionList(
+            head_seq=stats[0].head_seq if stats else 0,
+            projections=[ProjectionInfo(**msgspec.structs.asdict(s), rebuild=runs.get(s.name))
+                         for s in stats],
+        )
+
+    @post("/rebuild", operation_id="rebuildProjections", guards=[requires("admin")], status_code=202)
+    async def rebuild(
+        self, request: Request[Any, Any, Any], data: JSONBody[RebuildRequest | None] = None
+    ) -> Response[RebuildAccepted]:
+        body = data or RebuildRequest()
+        try:
+            chosen = framework.select([body.projection] if body.projection else None)
+        except KeyError as e:
+            raise ValidationFailed(
+                f"unknown projection {e.args[0]}; known: {', '.join(framework.registered())}") from e
+        runs = _runs(request)
+        busy = [p.name for p in chosen if p.name in runs and runs[p.name].state in ("queued", "running")]
+        if busy:
+            raise RebuildInProgress(f"a rebuild of {', '.join(busy)} is already running")
+        for p in chosen:
+            runs[p.name] = RebuildRun(projection=p.name, state="queued")
+        state = request.app.state
+        task = asyncio.create_task(_rebuild_all(state.settings.database_url, chosen, runs),
+                                   name="taskledger-rebuild")
+        state.background.append(task)
+        task.add_done_callback(lambda t: state.background.remove(t) if t in state.background else None)
+        if body.wait:
+            await asyncio.shield(task)
+            return Response(RebuildAccepted(rebuilds=[runs[p.name] for p in chosen]), status_code=200)
+        return Response(RebuildAccepted(rebuilds=[runs[p.name] for p in chosen]), status_code=202)
+
+
+@get("/audit/verify", operation_id="verifyAuditChain", tags=["audit"])
+async def verify_audit(
+    request: Request[Any, Any, Any],
+    from_seq: Annotated[int | None, QueryParameter(ge=1, le=2**62)] = None,
+    to_seq: Annotated[int | None, QueryParameter(ge=1, le=2**62)] = None,
+) -> audit.VerifyResult:
+    if from_seq is not None and to_seq is not None and to_seq < from_seq:
+        raise ValidationFailed("to_seq must not be below from_seq")
+    async with request.app.state.pool.acquire() as conn:
+        return await audit.verify_table(conn, from_seq or 1, to_seq)
+
+
+ROUTES = [AdminController, verify_audit]
+
+
+def startup(app: Any) -> None:
+    app.state.rebuilds = {}
