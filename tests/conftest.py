@@ -190,8 +190,9 @@ class ServerProcess:
             cmd += ["--database-url", self.db_url]
         if self.data_dir is not None:
             cmd += ["--data-dir", str(self.data_dir)]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log_path.open("ab"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        with self.log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
