@@ -63,9 +63,18 @@ log = logging.getLogger("taskledger.live")
 
 APPLICATION_NAME: Final = "taskledger-tailer"
 
-# (seq, stream_seq, type, event JSON text, stream, project): the first four
-# are what a client is sent; the last two are only for filtering.
-Row = tuple[int, int, str, str, str | None, str | None]
+# (seq, stream_seq, type, event JSON text, stream, project, frame): the first
+# four are what a client is sent; stream and project are for filtering; frame is
+# the SSE message with `id: <seq>`, encoded once by the tailer for all global-feed
+# subscribers (None on rows read for catch-up).
+Row = tuple[int, int, str, str, str | None, str | None, bytes | None]
+
+
+def frame(seq_or_stream_seq: int, type_: str, data: str) -> str:
+    """One SSE message. jsonb text never has raw line breaks; split them anyway if present."""
+    if "\n" in data or "\r" in data:
+        data = "\r\ndata: ".join(data.splitlines())
+    return f"id: {seq_or_stream_seq}\r\nevent: {type_}\r\ndata: {data}\r\n\r\n"
 
 _TAIL_SQL = f"""SELECT seq, stream_seq, type, {EVENT_JSON_SQL} AS j, stream, meta->>'project' AS project
 FROM events WHERE seq > $1 ORDER BY seq LIMIT $2"""
@@ -301,7 +310,10 @@ class Hub:
                         self._last_advance = time.monotonic()
                     self.known_head = max(self.known_head, self.cursor)
                     return
-            rows: list[Row] = [tuple(r) for r in await conn.fetch(_TAIL_SQL, self.cursor, self._page)]
+            rows: list[Row] = [
+                (r[0], r[1], r[2], r[3], r[4], r[5], frame(r[0], r[2], r[3]).encode())
+                for r in await conn.fetch(_TAIL_SQL, self.cursor, self._page)
+            ]
             if not rows:
                 self.known_head = max(self.known_head, self.cursor)
                 return
@@ -359,7 +371,7 @@ class Hub:
             f"WHERE seq > $1 AND seq <= $2{where} ORDER BY seq LIMIT $3",
             after, upto, self.catchup_page, *args,
         )
-        return [(r[0], r[1], r[2], r[3], None, None) for r in rows]
+        return [(r[0], r[1], r[2], r[3], None, None, None) for r in rows]
 
     async def follow(self, flt: Filter, pos: int, *, stop: Stoppable | None = None,
                      ) -> AsyncGenerator[list[Row], None]:
