@@ -112,8 +112,11 @@ class LogTx:
     The caller owns the transaction and commits it.
     """
 
-    def __init__(self, conn: asyncpg.Connection, head_seq: int, head_hash: str) -> None:
+    def __init__(
+        self, conn: asyncpg.Connection, head_seq: int, head_hash: str, now: datetime | None = None
+    ) -> None:
         self.conn = conn
+        self.now = now or datetime.now(UTC)
         self.head_seq = head_seq
         self.head_hash = head_hash
         self.start_seq = head_seq
@@ -124,10 +127,12 @@ class LogTx:
     async def begin(cls, conn: asyncpg.Connection) -> LogTx:
         if not conn.is_in_transaction():
             raise RuntimeError("LogTx.begin needs an open transaction")
-        row = await conn.fetchrow("SELECT seq, hash FROM log_head WHERE id = 1 FOR UPDATE")
+        row = await conn.fetchrow(
+            "SELECT seq, hash, clock_timestamp() AS now FROM log_head WHERE id = 1 FOR UPDATE"
+        )
         if row is None:
             raise RuntimeError("log_head is missing: run migrations")
-        return cls(conn, row["seq"], row["hash"])
+        return cls(conn, row["seq"], row["hash"], row["now"])
 
     async def stream_version(self, stream: str) -> int:
         v = self._versions.get(stream)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -35,7 +37,7 @@ def _run(coro: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
-def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_url() -> Iterator[str]:
     """URL of a maintenance database on the server the tests use."""
     url = os.environ.get("TASKLEDGER_TEST_DATABASE_URL")
     if url:
@@ -43,9 +45,13 @@ def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     from service.embedded import start_embedded
 
-    handle, url = start_embedded(tmp_path_factory.mktemp("embedded-pg"))
+    # Not under pytest's basetemp: pytest narrows that tree's permissions at
+    # every session start, and the embedded server runs as its own system user.
+    root = Path(tempfile.mkdtemp(prefix="tl-test-pg-"))
+    handle, url = start_embedded(root)
     yield with_database(url, "postgres")
     handle.cleanup()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -130,7 +136,8 @@ class Client:
         return await self.http.post(path, json=json, headers={**self.headers, **kw.pop("headers", {})}, **kw)
 
     async def ok(self, r: Any, *codes: int) -> Any:
-        assert r.status_code in (codes or (200, 201)), f"{r.request.method} {r.request.url} -> {r.status_code} {r.text[:800]}"
+        assert r.status_code in (codes or (200, 201)), (
+            f"{r.request.method} {r.request.url} -> {r.status_code} {r.text[:800]}")
         return r.json() if r.content else None
 
 
@@ -183,15 +190,15 @@ class ServerProcess:
     def start(self, timeout: float = 60) -> ServerProcess:
         cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
                "--port", str(self.port), "--server", self.server, "--workers", str(self.workers)]
-        env = dict(os.environ, TASKLEDGER_ADMIN_TOKEN=ADMIN_TOKEN, TASKLEDGER_SWEEP_INTERVAL_SECONDS="0.2",
-                   **self.extra_env)
+        env = {**os.environ, "TASKLEDGER_ADMIN_TOKEN": ADMIN_TOKEN,
+               "TASKLEDGER_SWEEP_INTERVAL_SECONDS": "0.2", **self.extra_env}
         env.pop("TASKLEDGER_DATABASE_URL", None)
         if self.db_url:
             cmd += ["--database-url", self.db_url]
         if self.data_dir is not None:
             cmd += ["--data-dir", str(self.data_dir)]
-        with self.log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
+        with self.log_path.open("ab") as logf:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logf,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + timeout
         while time.time() < deadline:

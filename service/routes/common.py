@@ -7,7 +7,7 @@ from typing import Annotated, Any, Final
 
 import msgspec
 from litestar import Response
-from litestar.params import Parameter
+from litestar.params import QueryParameter
 
 from events.errors import ValidationFailed
 from service.commands import Stored
@@ -16,7 +16,7 @@ ID_PATTERN: Final = r"^[A-Za-z0-9._:-]{1,128}$"
 _ID = re.compile(ID_PATTERN)
 
 Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
-SinceSeq = Annotated[int | None, Parameter(ge=0, le=2**62, required=False)]
+SinceSeq = Annotated[int | None, QueryParameter(ge=0, le=2**62, required=False)]
 
 
 def check_id(value: str, what: str = "id") -> str:

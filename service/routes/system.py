@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
-from litestar.params import JSONBody, Parameter
+from litestar.params import JSONBody, QueryParameter
 
 from events import store
 from events.errors import ValidationFailed
@@ -65,10 +65,10 @@ class SystemController(Controller):
         self,
         request: Request[Any, Any, Any],
         since_seq: SinceSeq = None,
-        limit: Annotated[int, Parameter(ge=1, le=10_000)] = 1000,
-        types: Annotated[str | None, Parameter(max_length=4000)] = None,
-        stream: Annotated[str | None, Parameter(max_length=200)] = None,
-        project: Annotated[str | None, Parameter(max_length=200)] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 1000,
+        types: Annotated[str | None, QueryParameter(max_length=4000)] = None,
+        stream: Annotated[str | None, QueryParameter(max_length=200)] = None,
+        project: Annotated[str | None, QueryParameter(max_length=200)] = None,
     ) -> EventPage:
         assert isinstance(request.user, Principal)
         pool = request.app.state.pool

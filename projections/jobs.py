@@ -1,0 +1,123 @@
+"""The jobs view: one row per job, equal to the fold of its events.
+
+`save` runs inside the command's transaction (an inline projection), so the
+row and the events that produced it commit together. `replay` folds a job's
+stream from the log, which is what a rebuild or a consistency check compares
+the row with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, Final, Protocol
+
+import msgspec
+
+from events import jobs as model
+from events.store import RecordedEvent
+
+NAME: Final = "jobs"
+SCHEMA_VERSION: Final = 1
+
+_state_decoder: Final = msgspec.json.Decoder(model.JobState)
+_encoder: Final = msgspec.json.Encoder()
+
+
+class Reader(Protocol):
+    async def fetchrow(self, sql: str, *args: Any) -> Any: ...
+    async def fetch(self, sql: str, *args: Any) -> Any: ...
+
+
+class Writer(Protocol):
+    async def execute(self, sql: str, *args: Any) -> str: ...
+
+
+def stream_of(job_id: str) -> str:
+    return f"job:{job_id}"
+
+
+def decode_state(body: str | bytes) -> model.JobState:
+    return _state_decoder.decode(body)
+
+
+async def load(conn: Reader, job_id: str) -> model.JobState | None:
+    row = await conn.fetchrow("SELECT body::text AS body FROM jobs WHERE id = $1", job_id)
+    return None if row is None else decode_state(row["body"])
+
+
+def apply(
+    state: model.JobState | None, events: Sequence[model.AnyJobEvent], recorded: Sequence[RecordedEvent]
+) -> model.JobState:
+    """Evolve `state` by the events just appended and stamp the log position."""
+    new = state is None
+    for ev in events:
+        state = model.evolve(state, ev)
+    assert state is not None
+    if recorded:
+        last = recorded[-1]
+        state = msgspec.structs.replace(state, version=last.stream_seq, seq=last.seq)
+        if new:
+            state = msgspec.structs.replace(state, created_seq=recorded[0].seq)
+    return state
+
+
+_UPSERT = """
+INSERT INTO jobs (id, version, seq, created_seq, state, project, node, worker, cancel_requested,
+                  created_at, body)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb)
+ON CONFLICT (id) DO UPDATE SET
+    version = EXCLUDED.version, seq = EXCLUDED.seq, state = EXCLUDED.state,
+    project = EXCLUDED.project, node = EXCLUDED.node, worker = EXCLUDED.worker,
+    cancel_requested = EXCLUDED.cancel_requested, body = EXCLUDED.body
+"""
+
+_CHECKPOINT = """
+INSERT INTO projection_checkpoints (name, version, seq, updated_at) VALUES ($1, $2, $3, now())
+ON CONFLICT (name) DO UPDATE SET seq = GREATEST(projection_checkpoints.seq, EXCLUDED.seq),
+    version = EXCLUDED.version, updated_at = now()
+"""
+
+
+async def save(uow: Writer, state: model.JobState) -> None:
+    """Upsert the row for `state`, and the projection's checkpoint."""
+    await uow.execute(
+        _UPSERT,
+        state.job_id,
+        state.version,
+        state.seq,
+        state.created_seq,
+        state.state,
+        state.project,
+        state.node,
+        state.worker,
+        state.cancel_requested,
+        datetime.fromtimestamp(state.created_at, UTC),
+        _encoder.encode(state).decode(),
+    )
+    await uow.execute(_CHECKPOINT, NAME, SCHEMA_VERSION, state.seq)
+
+
+async def replay(conn: Reader, job_id: str, *, to_seq: int | None = None) -> model.JobState | None:
+    """The job folded from the log (up to `to_seq`), with its position stamped."""
+    args: list[Any] = [stream_of(job_id)]
+    extra = ""
+    if to_seq is not None:
+        args.append(to_seq)
+        extra = " AND seq <= $2"
+    rows = await conn.fetch(
+        "SELECT seq, stream_seq, type, data::text AS data FROM events "
+        f"WHERE stream = $1{extra} ORDER BY stream_seq",
+        *args,
+    )
+    state: model.JobState | None = None
+    for r in rows:
+        state = model.evolve(state, model.decode(r["type"], r["data"]))
+    if state is not None and rows:
+        state = msgspec.structs.replace(
+            state,
+            version=rows[-1]["stream_seq"],
+            seq=rows[-1]["seq"],
+            created_seq=rows[0]["seq"],
+        )
+    return state
