@@ -35,13 +35,15 @@ at one number, `sub.start`:
 So the two sources tile the seq line at `sub.start`: no gap, no duplicate, and
 always in seq order.
 
-A subscriber that cannot keep up (its queue reaches `queue_max`) is detached
-by the tailer in O(1): its queue is dropped and the tailer stops feeding it.
-It never blocks the tailer or anyone else and its memory is bounded. When the
-subscriber next looks, it re-registers (`sub.start` = the tailer's cursor
-now) and goes back to step 2 from its own `pos`: catch-up from the table in
-pages, then live again. Catch-up reads use the pool, never the tailer's
-connection.
+A subscriber that cannot keep up (its queue would pass `queue_max`) is
+detached by the tailer at once: its queue is dropped and the tailer stops
+feeding it. It never blocks the tailer or anyone else, and its memory is
+bounded by `queue_max` rows plus one catch-up page read ahead. Once it is
+past its current `start` (all of which is in the table), it re-registers
+(`sub.start` = the tailer's cursor now) and goes back to step 2 from its own
+`pos`: catch-up from the table in pages, then live again. Dropped queue items
+are never needed: they all have seq > `pos` and are read again from the
+table. Catch-up reads use the pool, never the tailer's connection.
 """
 
 from __future__ import annotations
@@ -386,9 +388,11 @@ class Hub:
         prefetch_at = (0, 0)  # the (after, upto) the prefetched page was read for
         try:
             while not sub.closed:
-                if sub.detached:
-                    self._reattach(sub)
                 if pos < sub.start:
+                    # Catch-up. If the queue overflows meanwhile, the subscriber stays
+                    # detached until it reaches this `start`, and re-registers then:
+                    # re-registering mid-way would only move the target and waste the
+                    # page read ahead.
                     upto = sub.start
                     if prefetch is not None and prefetch_at == (pos, upto):
                         rows = await prefetch
@@ -407,6 +411,9 @@ class Hub:
                         self._inc("sse_events_delivered_total", len(rows))
                         yield rows
                     pos = nxt
+                    continue
+                if sub.detached:
+                    self._reattach(sub)
                     continue
                 if sub.items:
                     items = sub.items
