@@ -25,6 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "bench-admin-" + uuid.uuid4().hex
 
 
+def exit_cleanly_on_sigterm() -> None:
+    """`timeout` or a Ctrl-C still runs the finally blocks that stop the server."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
@@ -71,6 +76,12 @@ class Database:
         finally:
             await c.close()
         return self.url
+
+    def close(self) -> None:
+        """Stop the embedded server, if this started one."""
+        if self.handle is not None:
+            self.handle.cleanup()
+            self.handle = None
 
     async def drop(self) -> None:
         c = await asyncpg.connect(self.admin_url)

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from bench._sse_env import TOKEN, Database, Server, machine
+from bench._sse_env import TOKEN, Database, Server, exit_cleanly_on_sigterm, machine
 from events import store
 from events.store import EVENT_JSON_SQL, NewEvent
 
@@ -132,9 +132,13 @@ def main() -> None:
     ap.add_argument("--server", choices=["granian", "uvicorn"], default="granian")
     ap.add_argument("--data-dir", default="/tmp/taskledger-bench-pg")
     args = ap.parse_args()
+    exit_cleanly_on_sigterm()
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     db = Database(args.data_dir)
-    asyncio.run(run(args, db, load))
+    try:
+        asyncio.run(run(args, db, load))
+    finally:
+        db.close()
 
 
 async def run(args: argparse.Namespace, db: Database, load: str) -> None:

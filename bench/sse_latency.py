@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from bench._sse_env import TOKEN, Database, Server, machine, percentile, raise_fd_limit
+from bench._sse_env import TOKEN, Database, Server, exit_cleanly_on_sigterm, machine, percentile, raise_fd_limit
 from events import store
 from events.store import NewEvent
 
@@ -113,11 +113,15 @@ def main() -> None:
     ap.add_argument("--server", choices=["granian", "uvicorn"], default="granian")
     ap.add_argument("--data-dir", default="/tmp/taskledger-bench-pg")
     args = ap.parse_args()
+    exit_cleanly_on_sigterm()
     raise_fd_limit()
     global load  # noqa: PLW0603 - printed at the end
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     db = Database(args.data_dir)
-    asyncio.run(run(args, db))
+    try:
+        asyncio.run(run(args, db))
+    finally:
+        db.close()
 
 
 async def run(args: argparse.Namespace, db: Database) -> None:
