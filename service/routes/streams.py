@@ -1,0 +1,245 @@
+"""Server-Sent Events: the global feed and one task's or job's stream.
+
+The handlers validate everything (cursor, filters, existence, the per-token
+cap) before the response starts, so a bad request is a problem+json answer and
+never an empty stream that hangs. The stream itself is sse-starlette's
+`EventSourceResponse`, returned to Litestar as an ASGI app; events come from the
+process's one `Hub` (service.live).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import signal
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Final
+
+import anyio
+import asyncpg
+from litestar import Controller, Litestar, Request, get
+from litestar.exceptions import HTTPException
+from litestar.params import FromPath, HeaderParameter, Parameter
+from litestar.types import ASGIApp, Receive, Scope, Send
+from sse_starlette import EventSourceResponse
+
+from events.errors import JobNotFound, TaskNotFound, ValidationFailed
+from service.auth import Principal
+from service.live import Filter, Hub, Row
+from service.routes.common import SinceSeq, check_id, split_types
+from service.settings import Settings
+
+log = logging.getLogger("taskledger.sse")
+
+RETRY_MS: Final = 2000
+_CURSOR = re.compile(r"^[0-9]{1,19}$")
+_MAX_CURSOR: Final = 2**62
+
+LastEventId = Annotated[str | None, HeaderParameter(
+    name="Last-Event-ID", required=False, max_length=64,
+    description="resume after this cursor; wins over since_seq")]
+Types = Annotated[str | None, Parameter(max_length=4000, description="comma list; 'task.' is a prefix")]
+StreamName = Annotated[str | None, Parameter(max_length=200)]
+Project = Annotated[str | None, Parameter(max_length=200)]
+
+
+def _cursor(since_seq: int | None, last_event_id: str | None) -> int | None:
+    """The client's cursor: Last-Event-ID wins over since_seq; None means "from now"."""
+    if last_event_id is not None and last_event_id.strip() != "":
+        v = last_event_id.strip()
+        if not _CURSOR.match(v) or int(v) > _MAX_CURSOR:
+            raise ValidationFailed("Last-Event-ID must be a non-negative integer cursor")
+        return int(v)
+    return since_seq
+
+
+def _encode(rows: list[Row], by_stream_seq: bool) -> bytes:
+    parts: list[str] = []
+    for r in rows:
+        data = r[3]
+        if "\n" in data or "\r" in data:  # jsonb text never has raw line breaks; stay safe anyway
+            data = "\r\ndata: ".join(data.splitlines())
+        parts.append(f"id: {r[1] if by_stream_seq else r[0]}\r\nevent: {r[2]}\r\ndata: {data}\r\n\r\n")
+    return "".join(parts).encode()
+
+
+async def _events(hub: Hub, flt: Filter, pos: int, by_stream_seq: bool,
+                  stop: anyio.Event) -> AsyncIterator[bytes]:
+    yield f"retry: {RETRY_MS}\r\n\r\n".encode()
+    try:
+        async with contextlib.aclosing(hub.follow(flt, pos, stop=stop)) as batches:
+            async for rows in batches:
+                yield _encode(rows, by_stream_seq)
+    except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as e:
+        # A catch-up read failed (database restarting): end the stream; the client
+        # reconnects with Last-Event-ID and resumes exactly where it was.
+        log.warning("ending an SSE stream after a database error: %r", e)
+
+
+class _Stream:
+    """The SSE response, releasing the token's stream slot however it ends."""
+
+    def __init__(self, response: EventSourceResponse, hub: Hub, key: str) -> None:
+        self._response = response
+        self._hub = hub
+        self._key = key
+        self._released = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._response(scope, receive, send)  # type: ignore[arg-type]
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._hub.release_stream(self._key)
+
+
+def _open(request: Request[Any, Any, Any], flt: Filter, pos: int, by_stream_seq: bool) -> ASGIApp:
+    hub: Hub = request.app.state.hub
+    settings: Settings = request.app.state.settings
+    if hub.closed:
+        raise HTTPException(status_code=503, detail="the service is shutting down")
+    user = request.user
+    key = user.token_hash if isinstance(user, Principal) else "anonymous"
+    if not hub.acquire_stream(key, settings.max_streams_per_token):
+        raise HTTPException(
+            status_code=429,
+            detail=f"this token already has {settings.max_streams_per_token} open streams",
+        )
+    # sse-starlette sets `stop` when the server is shutting down (uvicorn); the
+    # stream then ends cleanly within the grace period instead of being cut.
+    stop = anyio.Event()
+    response = EventSourceResponse(
+        _events(hub, flt, pos, by_stream_seq, stop),
+        ping=settings.sse_keepalive_seconds,
+        headers={"Cache-Control": "no-store"},
+        shutdown_event=stop,
+        shutdown_grace_period=2.0,
+    )
+    return _Stream(response, hub, key)
+
+
+async def _head(pool: asyncpg.Pool) -> int:
+    return int(await pool.fetchval("SELECT seq FROM log_head WHERE id = 1") or 0)
+
+
+async def _one_stream(
+    request: Request[Any, Any, Any], stream: str, cursor: int | None, types: str | None,
+    missing: type[TaskNotFound] | type[JobNotFound],
+) -> ASGIApp:
+    pool: asyncpg.Pool = request.app.state.pool
+    row = await pool.fetchrow(
+        "SELECT (SELECT seq FROM log_head WHERE id = 1) AS head, "
+        "(SELECT max(stream_seq) FROM events WHERE stream = $1) AS last, "
+        "(SELECT seq FROM events WHERE stream = $1 AND stream_seq = $2) AS at",
+        stream, cursor or 0,
+    )
+    assert row is not None
+    if row["last"] is None:
+        raise missing(f"{stream} has no events")
+    if cursor is None:
+        pos = int(row["head"])
+    elif cursor > row["last"]:
+        raise ValidationFailed(f"cursor {cursor} is beyond the last stream_seq of {stream} ({row['last']})")
+    else:
+        pos = int(row["at"]) if cursor > 0 else 0
+    return _open(request, Filter(split_types(types), stream=stream), pos, by_stream_seq=True)
+
+
+class StreamController(Controller):
+    tags = ["events"]
+
+    @get("/stream", operation_id="streamEvents", media_type="text/event-stream",
+         summary="Follow the global feed over SSE (cursor: seq)")
+    async def feed(
+        self,
+        request: Request[Any, Any, Any],
+        *,
+        since_seq: SinceSeq = None,
+        last_event_id: LastEventId = None,
+        types: Types = None,
+        stream: StreamName = None,
+        project: Project = None,
+    ) -> ASGIApp:
+        cursor = _cursor(since_seq, last_event_id)
+        head = await _head(request.app.state.pool)
+        if cursor is not None and cursor > head:
+            raise ValidationFailed(f"cursor {cursor} is beyond the head of the log ({head})")
+        flt = Filter(split_types(types), stream=stream, project=project)
+        return _open(request, flt, head if cursor is None else cursor, by_stream_seq=False)
+
+    @get("/tasks/{task_id:str}/stream", operation_id="streamTask", media_type="text/event-stream",
+         summary="Follow one task's stream over SSE (cursor: stream_seq)")
+    async def task(
+        self, request: Request[Any, Any, Any], task_id: FromPath[str], *, since_seq: SinceSeq = None,
+        last_event_id: LastEventId = None, types: Types = None,
+    ) -> ASGIApp:
+        check_id(task_id, "task id")
+        return await _one_stream(request, f"task:{task_id}", _cursor(since_seq, last_event_id), types,
+                                 TaskNotFound)
+
+    @get("/jobs/{job_id:str}/stream", operation_id="streamJob", media_type="text/event-stream",
+         summary="Follow one job's stream over SSE (cursor: stream_seq)")
+    async def job(
+        self, request: Request[Any, Any, Any], job_id: FromPath[str], *, since_seq: SinceSeq = None,
+        last_event_id: LastEventId = None, types: Types = None,
+    ) -> ASGIApp:
+        check_id(job_id, "job id")
+        return await _one_stream(request, f"job:{job_id}", _cursor(since_seq, last_event_id), types,
+                                 JobNotFound)
+
+
+ROUTES = [StreamController]
+
+
+async def startup(app: Litestar) -> None:
+    settings: Settings = app.state.settings
+    assert settings.database_url is not None
+    hub = Hub(
+        settings.database_url, app.state.pool,
+        poll_seconds=settings.sse_poll_seconds, queue_max=settings.sse_queue_max,
+        metrics=app.state.metrics,
+    )
+    await hub.start()
+    hub.register_metrics(app.state.metrics)
+    app.state.hub = hub
+    app.state.commit_listeners.append(hub.notify)
+    _end_streams_on_signal(hub)
+
+
+def _end_streams_on_signal(hub: Hub) -> None:
+    """End open streams as soon as the server is told to stop.
+
+    Granian runs the lifespan shutdown only after open connections have closed,
+    so an endless stream would hold it until its kill timeout and then be cut.
+    Its worker handles SIGTERM/SIGINT with `loop.add_signal_handler`; we put our
+    handler in front of it (ending the streams cleanly) and then run its own.
+    Under uvicorn no loop handler is installed and sse-starlette's own shutdown
+    detection sets each response's `shutdown_event` instead.
+    """
+    loop = asyncio.get_running_loop()
+    handlers: dict[int, asyncio.Handle] = getattr(loop, "_signal_handlers", {})
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = handlers.get(sig)
+        if previous is None:
+            continue
+
+        def on_signal(previous: asyncio.Handle = previous) -> None:
+            hub.end_streams()
+            previous._run()
+
+        try:
+            loop.add_signal_handler(sig, on_signal)
+        except (NotImplementedError, RuntimeError, ValueError):  # pragma: no cover - not the main thread
+            log.warning("could not hook signal %s; open streams end at the server's kill timeout", sig)
+
+
+async def shutdown(app: Litestar) -> None:
+    hub: Hub | None = app.state.get("hub")
+    if hub is not None:
+        await hub.stop()
