@@ -407,11 +407,11 @@
       return h('div', { class: 'job', dataset: { id: j.job_id, state: j.state } },
         h('div', { class: 'row' },
           h('span', { class: 'mono' }, j.job_id),
-          h('span', null, h('span', { class: 'tag state' }, j.state), ' ', h('span', { class: 'tag' }, j.stage))),
+          h('span', null, h('span', { class: 'tag state' }, j.state), ' ', h('span', { class: 'tag' }, 'stage ' + j.stage))),
         h('div', { class: 'bar', role: 'progressbar', 'aria-valuemin': 0, 'aria-valuemax': 100, 'aria-valuenow': pct },
           h('span', { style: `width:${pct}%` })),
         h('div', { class: 'row small muted' },
-          h('span', { class: 'progress' }, `${pct}% · ${j.completed_commands}/${j.total_commands} commands` +
+          h('span', { class: 'progress' }, `${Math.round(pct)}% · ${j.completed_commands}/${j.total_commands} commands` +
             (j.failed_commands ? ` · ${j.failed_commands} failed` : '')),
           h('span', { class: 'eta' }, 'ETA ' + fmtSecs(j.eta_sec))),
         j.current_command ? h('div', { class: 'small current' }, '▶ ', h('code', null, j.current_command)) : null,
@@ -434,8 +434,18 @@
   function roundSummary(r) {
     const counts = r.total !== null && r.total !== undefined
       ? `${r.done ?? 0}/${r.total} done, ${r.failed ?? 0} failed, ${r.cancelled ?? 0} cancelled`
-      : `${(r.subtask_ids || []).length} sub-tasks`;
+      : subtaskStates(r.subtask_ids || []);
     return `round ${r.round}: ${counts}` + (r.decision ? ` — ${r.decision}` : '') + (r.notes ? ` (${r.notes})` : '');
+  }
+
+  function subtaskStates(ids) {
+    const counts = new Map();
+    for (const id of ids) {
+      const st = S.tasks.has(id) ? S.tasks.get(id).state : 'unknown';
+      counts.set(st, (counts.get(st) || 0) + 1);
+    }
+    const parts = [...counts].map(([st, n]) => `${n} ${st}`);
+    return `${ids.length} sub-task${ids.length === 1 ? '' : 's'}` + (parts.length ? ` (${parts.join(', ')})` : '');
   }
 
   function renderBlockers() {
@@ -472,10 +482,10 @@
     const li = h('li', { dataset: { seq: String(ev.seq), type: ev.type, history: history ? '1' : '0' } },
       h('span', { class: 'seq' }, ev.seq),
       h('span', { class: 'muted' }, (ev.recorded_at || '').slice(11, 19)),
-      h('span', { class: 'type' }, ev.type),
-      h('span', null,
+      h('span', { class: 'what' },
+        h('span', { class: 'type' }, ev.type),
         h('span', { class: 'stream', onclick: kind === 'task' ? () => openTask(id) : null }, ev.stream),
-        ' ', h('span', { class: 'muted' }, summary(ev) || '')));
+        h('span', { class: 'muted' }, summary(ev) || '')));
     const feed = $('feed');
     feed.prepend(li);
     while (feed.childElementCount > FEED_MAX) feed.lastElementChild.remove();
@@ -542,7 +552,7 @@
         ['id', h('span', { class: 'mono' }, t.id)], ['state', h('span', { class: 'tag state' }, t.state)],
         ['project', t.project], ['type', t.task_type], ['attempt', `${t.attempt} of ${t.max_attempts}`],
         ['maker', t.maker_node ? `${t.maker_node}${t.maker_worker ? ' (' + t.maker_worker + ')' : ''}` : null],
-        ['now on', t.node ? `${t.node}${t.worker ? ' (' + t.worker + ')' : ''}` : null],
+        ['last node', t.node ? `${t.node}${t.worker ? ' (' + t.worker + ')' : ''}` : null],
         ['checkers', t.verification ? t.verification.checkers.join(', ') : (t.task_type === 'verify' ? t.checker : 'none')],
         ['verifier tasks', (t.verifier_task_ids || []).join(', ')],
         ['parent', t.parent_task_id], ['round', t.is_parent ? t.round : t.subtask_round],
