@@ -237,7 +237,7 @@
       S.es = null;
       setConn('wait', 'reconnecting…');
       const delay = S.reconnectDelay;
-      S.reconnectDelay = Math.min(S.reconnectDelay * 2, 15000);
+      S.reconnectDelay = Math.min(S.reconnectDelay * 2, 5000);
       S.reconnectTimer = setTimeout(async () => {
         if (gen !== S.generation) return;
         try {
