@@ -97,7 +97,7 @@ class TaskEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     pass
 
 
-class TaskCreated(TaskEvent, tag="task.created"):
+class TaskCreated(TaskEvent, frozen=True, kw_only=True, tag="task.created"):
     id: str
     project: str
     title: str
@@ -122,7 +122,7 @@ class TaskCreated(TaskEvent, tag="task.created"):
     maker_worker: str | None = None
 
 
-class TaskClaimed(TaskEvent, tag="task.claimed"):
+class TaskClaimed(TaskEvent, frozen=True, kw_only=True, tag="task.claimed"):
     node: str | None
     worker: str
     lease_id: str
@@ -130,13 +130,13 @@ class TaskClaimed(TaskEvent, tag="task.claimed"):
     attempt: int
 
 
-class TaskStarted(TaskEvent, tag="task.started"):
+class TaskStarted(TaskEvent, frozen=True, kw_only=True, tag="task.started"):
     worker: str
     node: str | None = None
     attempt: int = 1
 
 
-class TaskCompleted(TaskEvent, tag="task.completed"):
+class TaskCompleted(TaskEvent, frozen=True, kw_only=True, tag="task.completed"):
     worker: str
     node: str | None = None
     attempt: int = 1
@@ -147,7 +147,7 @@ class TaskCompleted(TaskEvent, tag="task.completed"):
     category: Category | None = None
 
 
-class TaskVerifying(TaskEvent, tag="task.verifying"):
+class TaskVerifying(TaskEvent, frozen=True, kw_only=True, tag="task.verifying"):
     attempt: int
     checkers: list[str]
     verifier_task_ids: list[str]
@@ -155,7 +155,7 @@ class TaskVerifying(TaskEvent, tag="task.verifying"):
     maker_worker: str | None = None
 
 
-class TaskVerdict(TaskEvent, tag="task.verdict"):
+class TaskVerdict(TaskEvent, frozen=True, kw_only=True, tag="task.verdict"):
     checker: str
     verifier_task_id: str
     outcome: Outcome
@@ -167,24 +167,24 @@ class TaskVerdict(TaskEvent, tag="task.verdict"):
     synthesized: bool = False
 
 
-class TaskVerified(TaskEvent, tag="task.verified"):
+class TaskVerified(TaskEvent, frozen=True, kw_only=True, tag="task.verified"):
     attempt: int
     checkers: list[str]
 
 
-class TaskRejected(TaskEvent, tag="task.rejected"):
+class TaskRejected(TaskEvent, frozen=True, kw_only=True, tag="task.rejected"):
     attempt: int
     unmet_requirements: list[Unmet]
     reason: str = ""
 
 
-class TaskRetryScheduled(TaskEvent, tag="task.retry_scheduled"):
+class TaskRetryScheduled(TaskEvent, frozen=True, kw_only=True, tag="task.retry_scheduled"):
     attempt: int
     rework_notes: list[Unmet] = []
     reason: str = ""
 
 
-class TaskBlocked(TaskEvent, tag="task.blocked"):
+class TaskBlocked(TaskEvent, frozen=True, kw_only=True, tag="task.blocked"):
     blocker_id: str
     reason: str
     unmet_requirements: list[Unmet] = []
@@ -192,13 +192,13 @@ class TaskBlocked(TaskEvent, tag="task.blocked"):
     attempt: int = 1
 
 
-class TaskReverifyScheduled(TaskEvent, tag="task.reverify_scheduled"):
+class TaskReverifyScheduled(TaskEvent, frozen=True, kw_only=True, tag="task.reverify_scheduled"):
     attempt: int
     verifier_task_ids: list[str]
     reason: str = ""
 
 
-class TaskUnblocked(TaskEvent, tag="task.unblocked"):
+class TaskUnblocked(TaskEvent, frozen=True, kw_only=True, tag="task.unblocked"):
     blocker_id: str
     action: Literal["retry", "reverify"]
     notes: str | None = None
@@ -206,45 +206,45 @@ class TaskUnblocked(TaskEvent, tag="task.unblocked"):
     verifier_task_ids: list[str] = []
 
 
-class TaskFailed(TaskEvent, tag="task.failed"):
+class TaskFailed(TaskEvent, frozen=True, kw_only=True, tag="task.failed"):
     attempt: int
     error: str = ""
     worker: str | None = None
 
 
-class TaskLeaseExpired(TaskEvent, tag="task.lease_expired"):
+class TaskLeaseExpired(TaskEvent, frozen=True, kw_only=True, tag="task.lease_expired"):
     lease_id: str
     attempt: int
     worker: str | None = None
     next_attempt: int | None = None
 
 
-class TaskDeadlettered(TaskEvent, tag="task.deadlettered"):
+class TaskDeadlettered(TaskEvent, frozen=True, kw_only=True, tag="task.deadlettered"):
     reason: str
     attempt: int = 1
 
 
-class TaskCancelled(TaskEvent, tag="task.cancelled"):
+class TaskCancelled(TaskEvent, frozen=True, kw_only=True, tag="task.cancelled"):
     reason: str = ""
     by: str | None = None
 
 
-class TaskCollected(TaskEvent, tag="task.collected"):
+class TaskCollected(TaskEvent, frozen=True, kw_only=True, tag="task.collected"):
     by: str | None = None
 
 
-class TaskEscalated(TaskEvent, tag="task.escalated"):
+class TaskEscalated(TaskEvent, frozen=True, kw_only=True, tag="task.escalated"):
     state: str
     waited_seconds: int
     reason: str = ""
 
 
-class TaskSubtaskAdded(TaskEvent, tag="task.subtask_added"):
+class TaskSubtaskAdded(TaskEvent, frozen=True, kw_only=True, tag="task.subtask_added"):
     subtask_id: str
     round: int
 
 
-class TaskRoundReview(TaskEvent, tag="task.round_review"):
+class TaskRoundReview(TaskEvent, frozen=True, kw_only=True, tag="task.round_review"):
     round: int
     total: int
     done: int
@@ -252,7 +252,7 @@ class TaskRoundReview(TaskEvent, tag="task.round_review"):
     cancelled: int
 
 
-class TaskRoundReviewed(TaskEvent, tag="task.round_reviewed"):
+class TaskRoundReviewed(TaskEvent, frozen=True, kw_only=True, tag="task.round_reviewed"):
     round: int
     decision: Literal["GOAL_ACHIEVED", "NEW_ROUND"]
     notes: str = ""
@@ -263,7 +263,7 @@ class TaskRoundReviewed(TaskEvent, tag="task.round_reviewed"):
     reviewer: str | None = None
 
 
-class TaskClosed(TaskEvent, tag="task.closed"):
+class TaskClosed(TaskEvent, frozen=True, kw_only=True, tag="task.closed"):
     round: int
 
 
@@ -276,13 +276,14 @@ AnyTaskEvent = (
 )
 
 EVENT_TYPES: Final = tuple(
-    t.__struct_config__.tag for t in AnyTaskEvent.__args__  # type: ignore[attr-defined]
+    t.__struct_config__.tag for t in AnyTaskEvent.__args__
 )
 
 
 def decode_event(type_: str, data: dict[str, Any]) -> AnyTaskEvent:
     """A stored (type, data) pair back into its event Struct."""
-    return msgspec.convert({**data, "type": type_}, AnyTaskEvent)  # type: ignore[arg-type]
+    ev: AnyTaskEvent = msgspec.convert({**data, "type": type_}, AnyTaskEvent)
+    return ev
 
 
 def event_data(ev: TaskEvent) -> dict[str, Any]:
@@ -800,18 +801,17 @@ def _after_verdict(maker: TaskState, verdict: TaskVerdict) -> Changes:
     elif human:
         cat = human[0].category
         events.append(_blocked(maker, f"checker reported BLOCKED/{cat}", _unmet(records), cat))
+    elif maker.reverify_count == 0:
+        checkers_now = [r.checker for r in infra]
+        ids = verifier_ids(maker, checkers_now, attempt)
+        events.append(TaskReverifyScheduled(attempt=attempt, verifier_task_ids=ids,
+                                            reason="BLOCKED/infrastructure: verifying again"))
+        # checkers that already passed keep their verdicts only for this round's
+        # record; a re-verification asks again of those that could not run
+        extra = _verifier_tasks(maker, ids, checkers_now, maker.maker_node, maker.maker_worker)
     else:
-        if maker.reverify_count == 0:
-            checkers_now = [r.checker for r in infra]
-            ids = verifier_ids(maker, checkers_now, attempt)
-            events.append(TaskReverifyScheduled(attempt=attempt, verifier_task_ids=ids,
-                                                reason="BLOCKED/infrastructure: verifying again"))
-            # checkers that already passed keep their verdicts only for this round's
-            # record; a re-verification asks again of those that could not run
-            extra = _verifier_tasks(maker, ids, checkers_now, maker.maker_node, maker.maker_worker)
-        else:
-            events.append(_blocked(maker, "BLOCKED/infrastructure twice in a row",
-                                   _unmet(records), "infrastructure"))
+        events.append(_blocked(maker, "BLOCKED/infrastructure twice in a row",
+                               _unmet(records), "infrastructure"))
     return [(maker.id, events), *extra]
 
 
@@ -865,7 +865,7 @@ def decide_unblock(
         raise InvalidTransition(f"task {s.id} is {s.state}, not blocked", state=s.state)
     if action == "retry":
         return [(s.id, [TaskUnblocked(blocker_id=s.blocker_id, action="retry", notes=notes, attempt=1)])]
-    if s.verification is None or s.maker_node is None and s.maker_worker is None:
+    if s.verification is None or (s.maker_node is None and s.maker_worker is None):
         raise InvalidTransition(f"task {s.id} has no completed work to verify again")
     checkers = list(s.verification.checkers)
     ids = verifier_ids(s, checkers, s.attempt)

@@ -12,7 +12,6 @@ from typing import Any
 
 import asyncpg
 from litestar import Litestar, Request
-from litestar.config.app import AppConfig
 from litestar.datastructures import State
 from litestar.exceptions import ValidationException
 from litestar.middleware.base import DefineMiddleware

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -154,10 +155,8 @@ class Worker:
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 async def run_worker(args: argparse.Namespace) -> int:

@@ -35,13 +35,15 @@ at one number, `sub.start`:
 So the two sources tile the seq line at `sub.start`: no gap, no duplicate, and
 always in seq order.
 
-A subscriber that cannot keep up (its queue reaches `queue_max`) is detached
-by the tailer in O(1): its queue is dropped and the tailer stops feeding it.
-It never blocks the tailer or anyone else and its memory is bounded. When the
-subscriber next looks, it re-registers (`sub.start` = the tailer's cursor
-now) and goes back to step 2 from its own `pos`: catch-up from the table in
-pages, then live again. Catch-up reads use the pool, never the tailer's
-connection.
+A subscriber that cannot keep up (its queue would pass `queue_max`) is
+detached by the tailer at once: its queue is dropped and the tailer stops
+feeding it. It never blocks the tailer or anyone else, and its memory is
+bounded by `queue_max` rows plus one catch-up page read ahead. Once it is
+past its current `start` (all of which is in the table), it re-registers
+(`sub.start` = the tailer's cursor now) and goes back to step 2 from its own
+`pos`: catch-up from the table in pages, then live again. Dropped queue items
+are never needed: they all have seq > `pos` and are read again from the
+table. Catch-up reads use the pool, never the tailer's connection.
 """
 
 from __future__ import annotations
@@ -63,9 +65,18 @@ log = logging.getLogger("taskledger.live")
 
 APPLICATION_NAME: Final = "taskledger-tailer"
 
-# (seq, stream_seq, type, event JSON text, stream, project): the first four
-# are what a client is sent; the last two are only for filtering.
-Row = tuple[int, int, str, str, str | None, str | None]
+# (seq, stream_seq, type, event JSON text, stream, project, frame): the first
+# four are what a client is sent; stream and project are for filtering; frame is
+# the SSE message with `id: <seq>`, encoded once by the tailer for all global-feed
+# subscribers (None on rows read for catch-up).
+Row = tuple[int, int, str, str, str | None, str | None, bytes | None]
+
+
+def frame(seq_or_stream_seq: int, type_: str, data: str) -> str:
+    """One SSE message. jsonb text never has raw line breaks; split them anyway if present."""
+    if "\n" in data or "\r" in data:
+        data = "\r\ndata: ".join(data.splitlines())
+    return f"id: {seq_or_stream_seq}\r\nevent: {type_}\r\ndata: {data}\r\n\r\n"
 
 _TAIL_SQL = f"""SELECT seq, stream_seq, type, {EVENT_JSON_SQL} AS j, stream, meta->>'project' AS project
 FROM events WHERE seq > $1 ORDER BY seq LIMIT $2"""
@@ -301,7 +312,10 @@ class Hub:
                         self._last_advance = time.monotonic()
                     self.known_head = max(self.known_head, self.cursor)
                     return
-            rows: list[Row] = [tuple(r) for r in await conn.fetch(_TAIL_SQL, self.cursor, self._page)]
+            rows: list[Row] = [
+                (r[0], r[1], r[2], r[3], r[4], r[5], frame(r[0], r[2], r[3]).encode())
+                for r in await conn.fetch(_TAIL_SQL, self.cursor, self._page)
+            ]
             if not rows:
                 self.known_head = max(self.known_head, self.cursor)
                 return
@@ -359,7 +373,7 @@ class Hub:
             f"WHERE seq > $1 AND seq <= $2{where} ORDER BY seq LIMIT $3",
             after, upto, self.catchup_page, *args,
         )
-        return [(r[0], r[1], r[2], r[3], None, None) for r in rows]
+        return [(r[0], r[1], r[2], r[3], None, None, None) for r in rows]
 
     async def follow(self, flt: Filter, pos: int, *, stop: Stoppable | None = None,
                      ) -> AsyncGenerator[list[Row], None]:
@@ -374,9 +388,11 @@ class Hub:
         prefetch_at = (0, 0)  # the (after, upto) the prefetched page was read for
         try:
             while not sub.closed:
-                if sub.detached:
-                    self._reattach(sub)
                 if pos < sub.start:
+                    # Catch-up. If the queue overflows meanwhile, the subscriber stays
+                    # detached until it reaches this `start`, and re-registers then:
+                    # re-registering mid-way would only move the target and waste the
+                    # page read ahead.
                     upto = sub.start
                     if prefetch is not None and prefetch_at == (pos, upto):
                         rows = await prefetch
@@ -395,6 +411,9 @@ class Hub:
                         self._inc("sse_events_delivered_total", len(rows))
                         yield rows
                     pos = nxt
+                    continue
+                if sub.detached:
+                    self._reattach(sub)
                     continue
                 if sub.items:
                     items = sub.items

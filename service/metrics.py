@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import bisect
+import logging
 from collections import defaultdict
 from collections.abc import Callable
+
+log = logging.getLogger("taskledger.metrics")
 
 
 class Histogram:
@@ -58,6 +61,7 @@ class Metrics:
             try:
                 v = fn()
             except Exception:  # a gauge must never break the endpoint
+                log.warning("gauge %s failed", name, exc_info=True)
                 continue
             out.append(f"# TYPE taskledger_{name} gauge")
             out.append(f"taskledger_{name} {v}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import asyncpg
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
@@ -62,6 +63,11 @@ def _unavailable(_: Request[Any, Any, Any], exc: WriterUnavailable) -> Response[
     return problem(503, "unavailable", "Service unavailable", str(exc))
 
 
+def _database_down(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    log.warning("database unavailable on %s %s: %r", request.method, request.url.path, exc)
+    return problem(503, "unavailable", "Service unavailable", "the database is not reachable; retry later")
+
+
 def _internal(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return problem(HTTP_500_INTERNAL_SERVER_ERROR, "internal_error", "Internal error",
@@ -72,5 +78,9 @@ exception_handlers: dict[Any, Any] = {
     DomainError: _domain,
     HTTPException: _http,
     WriterUnavailable: _unavailable,
+    asyncpg.PostgresConnectionError: _database_down,
+    asyncpg.InterfaceError: _database_down,
+    asyncpg.CannotConnectNowError: _database_down,
+    ConnectionError: _database_down,
     Exception: _internal,
 }

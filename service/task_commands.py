@@ -253,7 +253,7 @@ async def start(uow: UnitOfWork, ctx: Ctx, task_id: str, *, lease_id: str) -> Ta
     ses = Session(uow, ctx)
     s = await ses.need(task_id)
     await _check_live_lease(uow, s, lease_id)
-    await ses.apply(([(task_id, list(decide_start(s, lease_id=lease_id, worker=worker)))]))
+    await ses.apply([(task_id, list(decide_start(s, lease_id=lease_id, worker=worker)))])
     return ses.states[task_id]
 
 

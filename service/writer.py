@@ -23,6 +23,7 @@ commands is run again alone, so one bad command never takes others with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -86,7 +87,7 @@ Command = Callable[[UnitOfWork], Awaitable[T]]
 
 
 class _Item:
-    __slots__ = ("fn", "future", "enqueued")
+    __slots__ = ("enqueued", "fn", "future")
 
     def __init__(self, fn: Command[Any], future: asyncio.Future[Any]) -> None:
         self.fn = fn
@@ -127,19 +128,18 @@ class Writer:
         self._task = asyncio.create_task(self._run(), name="taskledger-writer")
 
     async def _connect(self) -> asyncpg.Connection:
-        return await asyncpg.connect(self._dsn)
+        return await asyncpg.connect(self._dsn, server_settings={"application_name": "taskledger-writer"})
 
     async def stop(self) -> None:
         self._closing = True
         if self._task is not None:
-            # let queued commands finish, then stop
-            while not self._queue.empty():
+            # let queued commands finish (for a while), then stop
+            deadline = time.monotonic() + 10
+            while not self._queue.empty() and not self._task.done() and time.monotonic() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         if self._conn is not None and not self._conn.is_closed():
             await self._conn.close()
 
@@ -208,11 +208,22 @@ class Writer:
                 it.future.set_exception(value)
 
     async def _attempt(self, batch: list[_Item]) -> tuple[list[tuple[bool, Any]], int | None]:
+        try:
+            return await self._attempt_once(batch)
+        except _ConnectionLostBeforeCommit:
+            # Nothing was committed: reconnect and run the batch once more.
+            self._conn = None
+            return await self._attempt_once(batch)
+
+    async def _attempt_once(self, batch: list[_Item]) -> tuple[list[tuple[bool, Any]], int | None]:
         conn = self._conn
         if conn is None or conn.is_closed():
             conn = self._conn = await self._connect()
         outcomes: list[tuple[bool, Any]] = []
-        async with conn.transaction():
+        tx = conn.transaction()
+        committing = False
+        try:
+            await tx.start()
             logtx = await LogTx.begin(conn)
             for it in batch:
                 uow = UnitOfWork(conn, logtx)
@@ -225,5 +236,23 @@ class Writer:
                 else:
                     outcomes.append((True, value))
             await logtx.finish()
+            committing = True
+            await tx.commit()
+        except BaseException as e:
+            if not committing or not conn.is_closed():
+                with contextlib.suppress(Exception):
+                    await tx.rollback()
+            if not committing and _connection_lost(e, conn):
+                raise _ConnectionLostBeforeCommit() from e
+            raise
         head = logtx.head_seq if logtx.head_seq != logtx.start_seq else None
         return outcomes, head
+
+
+class _ConnectionLostBeforeCommit(Exception):
+    pass
+
+
+def _connection_lost(e: BaseException, conn: asyncpg.Connection) -> bool:
+    return conn.is_closed() or isinstance(
+        e, asyncpg.ConnectionDoesNotExistError | asyncpg.PostgresConnectionError | ConnectionError)

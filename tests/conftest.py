@@ -136,7 +136,8 @@ class Client:
         return await self.http.post(path, json=json, headers={**self.headers, **kw.pop("headers", {})}, **kw)
 
     async def ok(self, r: Any, *codes: int) -> Any:
-        assert r.status_code in (codes or (200, 201)), f"{r.request.method} {r.request.url} -> {r.status_code} {r.text[:800]}"
+        assert r.status_code in (codes or (200, 201)), (
+            f"{r.request.method} {r.request.url} -> {r.status_code} {r.text[:800]}")
         return r.json() if r.content else None
 
 
@@ -189,8 +190,8 @@ class ServerProcess:
     def start(self, timeout: float = 60) -> ServerProcess:
         cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
                "--port", str(self.port), "--server", self.server, "--workers", str(self.workers)]
-        env = dict(os.environ, TASKLEDGER_ADMIN_TOKEN=ADMIN_TOKEN, TASKLEDGER_SWEEP_INTERVAL_SECONDS="0.2",
-                   **self.extra_env)
+        env = {**os.environ, "TASKLEDGER_ADMIN_TOKEN": ADMIN_TOKEN,
+               "TASKLEDGER_SWEEP_INTERVAL_SECONDS": "0.2", **self.extra_env}
         env.pop("TASKLEDGER_DATABASE_URL", None)
         if self.db_url:
             cmd += ["--database-url", self.db_url]

@@ -91,8 +91,8 @@ async def test_round_review_opens_once_with_a_summary_and_new_round_then_goal_ac
     assert [r["decision"] for r in p["rounds"]] == ["NEW_ROUND", "GOAL_ACHIEVED"]
     types = await types_of(producer, "g")
     assert types.count("task.round_review") == 2 and types[-2:] == ["task.round_reviewed", "task.closed"]
-    reviewed = [e for e in (await producer.ok(await producer.get("/tasks/g/events")))["events"]
-                if e["type"] == "task.round_reviewed"][0]
+    reviewed = next(e for e in (await producer.ok(await producer.get("/tasks/g/events")))["events"]
+                    if e["type"] == "task.round_reviewed")
     assert reviewed["data"]["coverage"] == "R1 covered, R2 not" and reviewed["data"]["goal_clear"] is True
 
 

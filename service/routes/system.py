@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
-from litestar.params import FromPath, JSONBody, QueryParameter
+from litestar.params import JSONBody, QueryParameter
 
 from events import store
 from events.errors import ValidationFailed

@@ -59,7 +59,7 @@ class TaskFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     priority: Annotated[int, msgspec.Meta(ge=-1_000_000, le=1_000_000)] = 0
     estimated_minutes: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] | None = None
     requirements: Annotated[list[RequirementBody], msgspec.Meta(max_length=200)] = []
-    verification: VerificationBody | None | msgspec.UnsetType = msgspec.UNSET
+    verification: VerificationBody | msgspec.UnsetType | None = msgspec.UNSET
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=100)] = 3
     retry_predecessor: bool = True
     assignee: Str128 | None = None
@@ -280,7 +280,9 @@ class TaskController(Controller):
                           next_seq=rows[-1]["stream_seq"] if rows else since)
 
     @post("/{task_id:str}/start", operation_id="startTask", guards=[requires("worker")], status_code=200)
-    async def start(self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[LeaseBody]) -> Response[Any]:
+    async def start(
+        self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[LeaseBody]
+    ) -> Response[Any]:
         ctx = ctx_of(request)
         check_id(task_id, "task id")
         return respond(await run(request, ctx, lambda u: cmds.start(u, ctx, task_id, lease_id=data.lease_id)))
@@ -310,7 +312,9 @@ class TaskController(Controller):
             verdicts=verdicts, category=data.category, default_escalation=esc)))
 
     @post("/{task_id:str}/fail", operation_id="failTask", guards=[requires("worker")], status_code=200)
-    async def fail(self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[FailBody]) -> Response[Any]:
+    async def fail(
+        self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[FailBody]
+    ) -> Response[Any]:
         ctx = ctx_of(request)
         check_id(task_id, "task id")
         return respond(await run(request, ctx, lambda u: cmds.fail(
@@ -355,7 +359,7 @@ class TaskController(Controller):
 @get("/blockers", operation_id="listBlockers", tags=["tasks"])
 async def list_blockers(
     request: Request[Any, Any, Any],
-    open: Annotated[bool | None, QueryParameter()] = None,  # noqa: A002 - the contract's name
+    open: Annotated[bool | None, QueryParameter()] = None,
     project: Annotated[str | None, QueryParameter(max_length=128)] = None,
     task_id: Annotated[str | None, QueryParameter(max_length=128)] = None,
     limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
@@ -392,7 +396,7 @@ def startup(app: Any) -> None:
 
     async def loop() -> None:
         interval = float(state.settings.sweep_interval_seconds)
-        sweeper = Principal(name="taskledger-sweeper", role="admin", node=None, token_hash="-")
+        sweeper = Principal(name="taskledger-sweeper", role="admin", node=None, token_hash="")
         while True:
             await asyncio.sleep(interval)
             try:
