@@ -147,19 +147,26 @@ async def test_forged_tampered_and_expired_cookies_get_401(harness: AppHarness, 
 
 
 async def test_expiry_renewal_revocation_and_logout(db_url: str, pool: asyncpg.Pool) -> None:
-    app = create_app(settings_for(db_url, stream_token_ttl_seconds=2))
+    app = create_app(settings_for(db_url, stream_token_ttl_seconds=3))
     async with AsyncTestClient(app=app, timeout=30) as http:
         h = AppHarness(http, app)
         reader = await h.client("reader")
         r = await _sign_in(h, reader.token or "")
         assert r.status_code == 200 and r.json()["renew_after_seconds"] == 1
         first = http.cookies[COOKIE]
-        await asyncio.sleep(1.1)
+        first_exp = int(first.split(".")[1])
+        assert first_exp >= time.time() + 2
+        await asyncio.sleep(1.2)
         renewed = await http.post("/ui/session/renew")
         assert renewed.status_code == 200
         assert http.cookies[COOKIE] != first
-        await asyncio.sleep(1.2)
-        # the first cookie has expired by now; the renewed one has not
+        second = http.cookies[COOKIE]
+        assert int(second.split(".")[1]) > first_exp
+        await asyncio.sleep(max(0.0, first_exp - time.time()) + 0.05)
+        # the first cookie has expired by now; the renewed one has not (set by hand:
+        # the client's cookie jar rounds Max-Age expiry down to whole seconds)
+        http.cookies.clear()
+        http.cookies.set(COOKIE, second)
         assert (await http.get("/tasks")).status_code == 200
         http.cookies.clear()
         http.cookies.set(COOKIE, first)

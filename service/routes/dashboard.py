@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import math
 import secrets
 import time
 from datetime import UTC, datetime
@@ -137,7 +138,8 @@ class Sessions:
         return _b64(hmac.new(self._secret, body.encode(), hashlib.sha256).digest())
 
     def issue(self, token_hash: str, now: float | None = None) -> tuple[str, int]:
-        exp = int(now if now is not None else time.time()) + self.ttl
+        # whole seconds, rounded up: a cookie is good for at least `ttl` seconds
+        exp = math.ceil((now if now is not None else time.time()) + self.ttl)
         body = f"{_VERSION}.{exp}.{token_hash}"
         return f"{body}.{self._sig(body)}", exp
 
@@ -265,7 +267,7 @@ _NO_STORE: Final = {"Cache-Control": "no-store"}
 
 
 @post("/ui/session", operation_id="createUiSession", tags=["dashboard"], status_code=200,
-      security=[], summary="Trade a token for a read-only browser session cookie")
+      security=[{}], summary="Trade a token for a read-only browser session cookie")
 async def create_session(
     request: Request[Any, Any, Any], data: JSONBody[SessionBody]
 ) -> Response[SessionView]:
@@ -292,7 +294,7 @@ async def _current(request: Request[Any, Any, Any], *, cached: bool) -> tuple[Pr
     return holder, checked[1]
 
 
-@get("/ui/session", operation_id="getUiSession", tags=["dashboard"], security=[],
+@get("/ui/session", operation_id="getUiSession", tags=["dashboard"], security=[{}],
      summary="The current browser session (401 when there is none)")
 async def get_session(request: Request[Any, Any, Any]) -> Response[SessionView]:
     holder, exp = await _current(request, cached=True)
@@ -300,7 +302,7 @@ async def get_session(request: Request[Any, Any, Any]) -> Response[SessionView]:
 
 
 @post("/ui/session/renew", operation_id="renewUiSession", tags=["dashboard"], status_code=200,
-      security=[], summary="A fresh cookie for a still-valid session (its token must still be valid)")
+      security=[{}], summary="A fresh cookie for a still-valid session (its token must still be valid)")
 async def renew_session(request: Request[Any, Any, Any]) -> Response[SessionView]:
     holder, _ = await _current(request, cached=False)
     sessions = _sessions(request.app)
@@ -309,7 +311,7 @@ async def renew_session(request: Request[Any, Any, Any]) -> Response[SessionView
                     cookies=[_cookie(request, value, sessions.ttl)])
 
 
-@delete("/ui/session", operation_id="deleteUiSession", tags=["dashboard"], status_code=204, security=[],
+@delete("/ui/session", operation_id="deleteUiSession", tags=["dashboard"], status_code=204, security=[{}],
         summary="Sign out: clear the session cookie")
 async def delete_session(request: Request[Any, Any, Any]) -> Response[None]:
     return Response(content=None, status_code=204, headers=_NO_STORE,
