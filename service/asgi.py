@@ -1,6 +1,15 @@
 """ASGI entry point for server workers: settings are read here, once."""
 
+import gc
+
 from service.app import create_app
 from service.settings import Settings
 
 app = create_app(Settings.from_env())
+
+# Everything created so far lives as long as the process: keep it out of the
+# cyclic collector's generations, and collect the young generation less often,
+# so a full collection over thousands of open streams does not stall delivery.
+gc.collect()
+gc.freeze()
+gc.set_threshold(20_000, 20, 20)
