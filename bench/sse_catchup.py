@@ -20,13 +20,14 @@ import asyncio
 import os
 import re
 import time
+from typing import Any
 from datetime import UTC, datetime
 
 import asyncpg
 
 from bench._sse_env import TOKEN, Database, Server, exit_cleanly_on_sigterm, machine
 from events import store
-from events.store import EVENT_JSON_SQL, NewEvent
+from events.store import EVENT_ROW_SQL, NewEvent, event_json
 
 _ID = re.compile(rb"\nid: ([0-9]+)\r")
 
@@ -54,7 +55,8 @@ async def seed(url: str, n: int, per_append: int = 1000) -> float:
     return time.perf_counter() - t0
 
 
-async def raw_read(url: str, sql: str, n: int, page: int = 2000) -> float:
+async def raw_read(url: str, sql: str, n: int, page: int = 2000, build: Any = None) -> float:
+    """Events/s reading `sql` in keyset pages; `build(row)` is applied to each row if given."""
     conn = await asyncpg.connect(url)
     try:
         t0 = time.perf_counter()
@@ -63,6 +65,9 @@ async def raw_read(url: str, sql: str, n: int, page: int = 2000) -> float:
             rows = await conn.fetch(sql, cursor, page)
             if not rows:
                 break
+            if build is not None:
+                for r in rows:
+                    build(r)
             total += len(rows)
             cursor = rows[-1][0]
         dt = time.perf_counter() - t0
@@ -155,8 +160,8 @@ async def run(args: argparse.Namespace, db: Database, load: str) -> None:
                 url, "SELECT seq, stream, stream_seq, type, data, meta, recorded_at, hash FROM events "
                 "WHERE seq > $1 ORDER BY seq LIMIT $2", n)
             raw_json = await raw_read(
-                url, f"SELECT seq, stream_seq, type, {EVENT_JSON_SQL} AS j FROM events "
-                "WHERE seq > $1 ORDER BY seq LIMIT $2", n)
+                url, f"SELECT {EVENT_ROW_SQL} FROM events WHERE seq > $1 ORDER BY seq LIMIT $2", n,
+                build=event_json)
             cpu0 = server.cpu_seconds()
             sse, proto = await sse_read(server.port, n)
             cpu = server.cpu_seconds() - cpu0

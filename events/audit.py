@@ -17,7 +17,7 @@ from typing import Any, Final
 import msgspec
 
 from events.canonical import GENESIS_HASH, event_hash
-from events.store import EVENT_JSON_SQL
+from events.store import EVENT_ROW_SQL, event_json
 
 FORMAT_VERSION: Final = 1
 PAGE: Final = 5_000
@@ -50,8 +50,8 @@ async def event_pages(conn: Any, from_seq: int, to_seq: int, page: int = PAGE) -
     while pos < to_seq:
         end = min(pos + page, to_seq)
         rows = await conn.fetch(
-            f"SELECT {EVENT_JSON_SQL} AS j FROM events WHERE seq > $1 AND seq <= $2 ORDER BY seq", pos, end)
-        yield [r["j"] for r in rows]
+            f"SELECT {EVENT_ROW_SQL} FROM events WHERE seq > $1 AND seq <= $2 ORDER BY seq", pos, end)
+        yield [event_json(r) for r in rows]
         pos = end
 
 

@@ -90,21 +90,8 @@ def event_hash(
     meta: Any,
     recorded_at: str,
 ) -> str:
-    body = canonical_json(
-        {
-            "seq": seq,
-            "stream": stream,
-            "stream_seq": stream_seq,
-            "type": type,
-            "data": data,
-            "meta": meta,
-            "recorded_at": recorded_at,
-        }
-    )
-    h = hashlib.sha256()
-    h.update(prev_hash.encode("ascii"))
-    h.update(body)
-    return h.hexdigest()
+    return hash_event(prev_hash, seq=seq, stream=stream, stream_seq=stream_seq, type=type, data=data,
+                      meta=meta, recorded_at=recorded_at)[1]
 
 
 def verify_chain(events: Any, prev_hash: str = GENESIS_HASH) -> tuple[bool, int | None, str]:

@@ -513,19 +513,22 @@ class Holder(msgspec.Struct, frozen=True, kw_only=True):
     lease_id: str | None = None
 
 
+ReportEvent = Literal[
+    "stage",
+    "command_started",
+    "command_completed",
+    "cache_hit",
+    "command_skipped",
+    "heartbeat",
+    "error",
+    "finish",
+]
+
+
 class Report(msgspec.Struct, frozen=True, kw_only=True):
     """One runner report, already shape-checked at the edge."""
 
-    event: Literal[
-        "stage",
-        "command_started",
-        "command_completed",
-        "cache_hit",
-        "command_skipped",
-        "heartbeat",
-        "error",
-        "finish",
-    ]
+    event: ReportEvent
     stage: str | None = None
     command: str | None = None
     index: int | None = None

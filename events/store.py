@@ -86,13 +86,32 @@ SELECT (SELECT count(*) FROM ins) AS inserted,
 
 _STREAM_VERSION = "SELECT coalesce(max(stream_seq), 0) FROM events WHERE stream = $1"
 
-# The JSON object clients receive, built by the database so that reading the log
-# for a feed never decodes and re-encodes payloads in Python.
-EVENT_JSON_SQL: Final = """json_build_object(
-    'seq', seq, 'stream', stream, 'stream_seq', stream_seq, 'type', type,
-    'data', data, 'meta', meta,
-    'recorded_at', to_char(recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-    'hash', hash)::text"""
+# The JSON object clients receive is assembled in Python from the stored parts:
+# the jsonb payloads come out of PostgreSQL as text and are spliced in as they
+# are. Letting the database build the object (json_build_object + to_char) was
+# three times slower than reading the rows, and feeds read millions of them.
+EVENT_ROW_SQL: Final = "seq, stream, stream_seq, type, data::text AS data, meta::text AS meta, recorded_at, hash"
+
+_str = msgspec.json.Encoder()
+_type_json: dict[str, str] = {}
+
+
+def _json_str(value: str) -> str:
+    return _str.encode(value).decode()
+
+
+def event_json(row: Any) -> str:
+    """The contract's event object for a row selected with EVENT_ROW_SQL."""
+    t = row[3]
+    tj = _type_json.get(t)
+    if tj is None:
+        tj = _type_json[t] = _json_str(t)
+    at = row[6].isoformat(timespec="microseconds")
+    return (
+        f'{{"seq":{row[0]},"stream":{_json_str(row[1])},"stream_seq":{row[2]},"type":{tj},'
+        f'"data":{row[4]},"meta":{row[5]},"recorded_at":"{at[:-6]}Z","hash":"{row[7]}"}}'
+    )
+
 
 EVENT_COLUMNS_SQL: Final = """seq, stream, stream_seq, type, data::text AS data, meta::text AS meta,
     to_char(recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS recorded_at, hash"""
@@ -317,11 +336,9 @@ async def read_json(
     """(seq, type, event JSON text) rows, for feeds that pass events through."""
     where, args = _filters(since_seq, types, stream, project, to_seq)
     rows = await conn.fetch(
-        f"SELECT seq, type, {EVENT_JSON_SQL} AS j FROM events WHERE {where} "
-        f"ORDER BY seq LIMIT {int(limit)}",
-        *args,
+        f"SELECT {EVENT_ROW_SQL} FROM events WHERE {where} ORDER BY seq LIMIT {int(limit)}", *args
     )
-    return [(r["seq"], r["type"], r["j"]) for r in rows]
+    return [(r[0], r[3], event_json(r)) for r in rows]
 
 
 def _filters(

@@ -2,8 +2,11 @@
 
 import gc
 
+from service import server_signals
 from service.app import create_app
 from service.settings import Settings
+
+server_signals.install()
 
 app = create_app(Settings.from_env())
 

@@ -58,7 +58,7 @@ from typing import Any, Final, Protocol
 
 import asyncpg
 
-from events.store import EVENT_JSON_SQL, NOTIFY_CHANNEL, type_filter_sql
+from events.store import EVENT_ROW_SQL, NOTIFY_CHANNEL, event_json, type_filter_sql
 from service.metrics import Metrics
 
 log = logging.getLogger("taskledger.live")
@@ -78,7 +78,7 @@ def frame(seq_or_stream_seq: int, type_: str, data: str) -> str:
         data = "\r\ndata: ".join(data.splitlines())
     return f"id: {seq_or_stream_seq}\r\nevent: {type_}\r\ndata: {data}\r\n\r\n"
 
-_TAIL_SQL = f"""SELECT seq, stream_seq, type, {EVENT_JSON_SQL} AS j, stream, meta->>'project' AS project
+_TAIL_SQL = f"""SELECT {EVENT_ROW_SQL}, meta->>'project' AS project
 FROM events WHERE seq > $1 ORDER BY seq LIMIT $2"""
 
 
@@ -312,10 +312,10 @@ class Hub:
                         self._last_advance = time.monotonic()
                     self.known_head = max(self.known_head, self.cursor)
                     return
-            rows: list[Row] = [
-                (r[0], r[1], r[2], r[3], r[4], r[5], frame(r[0], r[2], r[3]).encode())
-                for r in await conn.fetch(_TAIL_SQL, self.cursor, self._page)
-            ]
+            rows: list[Row] = []
+            for r in await conn.fetch(_TAIL_SQL, self.cursor, self._page):
+                j = event_json(r)
+                rows.append((r[0], r[2], r[3], j, r[1], r[8], frame(r[0], r[3], j).encode()))
             if not rows:
                 self.known_head = max(self.known_head, self.cursor)
                 return
@@ -369,11 +369,11 @@ class Hub:
     async def _catchup(self, flt: Filter, after: int, upto: int) -> list[Row]:
         where, args = flt.sql(4)
         rows = await self._pool.fetch(
-            f"SELECT seq, stream_seq, type, {EVENT_JSON_SQL} AS j FROM events "
+            f"SELECT {EVENT_ROW_SQL} FROM events "
             f"WHERE seq > $1 AND seq <= $2{where} ORDER BY seq LIMIT $3",
             after, upto, self.catchup_page, *args,
         )
-        return [(r[0], r[1], r[2], r[3], None, None, None) for r in rows]
+        return [(r[0], r[2], r[3], event_json(r), None, None, None) for r in rows]
 
     async def follow(self, flt: Filter, pos: int, *, stop: Stoppable | None = None,
                      ) -> AsyncGenerator[list[Row], None]:

@@ -17,7 +17,7 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from events import jobs as model
 from events.errors import JobNotFound, ValidationFailed
-from events.store import EVENT_JSON_SQL
+from events.store import EVENT_ROW_SQL, event_json
 from projections.jobs import decode_state, replay, stream_of
 from service import job_commands
 from service.auth import requires
@@ -53,16 +53,7 @@ class ClaimRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     projects: Annotated[list[Project], msgspec.Meta(min_length=1, max_length=100)] | None = None
 
 
-ReportEvent = Literal[
-    "stage",
-    "command_started",
-    "command_completed",
-    "cache_hit",
-    "command_skipped",
-    "heartbeat",
-    "error",
-    "finish",
-]
+ReportEvent = model.ReportEvent
 
 
 class ReportRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -232,13 +223,13 @@ class JobController(Controller):
             if not await conn.fetchval("SELECT 1 FROM jobs WHERE id = $1", job_id):
                 raise JobNotFound(f"job {job_id} does not exist", job_id=job_id)
             rows = await conn.fetch(
-                f"SELECT stream_seq, {EVENT_JSON_SQL} AS j FROM events WHERE stream = $1 AND stream_seq > $2 "
+                f"SELECT {EVENT_ROW_SQL} FROM events WHERE stream = $1 AND stream_seq > $2 "
                 f"ORDER BY stream_seq LIMIT {int(limit)}",
                 stream_of(job_id),
                 since,
             )
         return EventsPage(
-            events=[msgspec.Raw(r["j"].encode()) for r in rows],
+            events=[msgspec.Raw(event_json(r).encode()) for r in rows],
             next_seq=rows[-1]["stream_seq"] if rows else since,
         )
 

@@ -9,11 +9,9 @@ process's one `Hub` (service.live).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import re
-import signal
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Final
 
@@ -26,6 +24,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from sse_starlette import EventSourceResponse
 
 from events.errors import JobNotFound, TaskNotFound, ValidationFailed
+from service import server_signals
 from service.auth import Principal
 from service.live import Filter, Hub, Row, frame
 from service.routes.common import SinceSeq, check_id, split_types
@@ -218,34 +217,7 @@ async def startup(app: Litestar) -> None:
     hub.register_metrics(app.state.metrics)
     app.state.hub = hub
     app.state.commit_listeners.append(hub.notify)
-    _end_streams_on_signal(hub)
-
-
-def _end_streams_on_signal(hub: Hub) -> None:
-    """End open streams as soon as the server is told to stop.
-
-    Granian runs the lifespan shutdown only after open connections have closed,
-    so an endless stream would hold it until its kill timeout and then be cut.
-    Its worker handles SIGTERM/SIGINT with `loop.add_signal_handler`; we put our
-    handler in front of it (ending the streams cleanly) and then run its own.
-    Under uvicorn no loop handler is installed and sse-starlette's own shutdown
-    detection sets each response's `shutdown_event` instead.
-    """
-    loop = asyncio.get_running_loop()
-    handlers: dict[int, asyncio.Handle] = getattr(loop, "_signal_handlers", {})
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        previous = handlers.get(sig)
-        if previous is None:
-            continue
-
-        def on_signal(previous: asyncio.Handle = previous) -> None:
-            hub.end_streams()
-            previous._run()
-
-        try:
-            loop.add_signal_handler(sig, on_signal)
-        except (NotImplementedError, RuntimeError, ValueError):  # pragma: no cover - not the main thread
-            log.warning("could not hook signal %s; open streams end at the server's kill timeout", sig)
+    server_signals.on_shutdown(hub.end_streams)
 
 
 async def shutdown(app: Litestar) -> None:

@@ -273,9 +273,9 @@ class TaskController(Controller):
         if since > last:
             raise ValidationFailed(f"since_seq {since} is beyond the stream's last event ({last})")
         rows = await pool.fetch(
-            f"SELECT stream_seq, {store.EVENT_JSON_SQL} AS j FROM events WHERE stream = $1 "
+            f"SELECT {store.EVENT_ROW_SQL} FROM events WHERE stream = $1 "
             f"AND stream_seq > $2 ORDER BY stream_seq LIMIT {int(limit)}", stream, since)
-        return StreamPage(events=[msgspec.Raw(r["j"].encode()) for r in rows],
+        return StreamPage(events=[msgspec.Raw(store.event_json(r).encode()) for r in rows],
                           next_seq=rows[-1]["stream_seq"] if rows else since)
 
     @post("/{task_id:str}/start", operation_id="startTask", guards=[requires("worker")], status_code=200)
