@@ -86,31 +86,26 @@ SELECT (SELECT count(*) FROM ins) AS inserted,
 
 _STREAM_VERSION = "SELECT coalesce(max(stream_seq), 0) FROM events WHERE stream = $1"
 
-# The JSON object clients receive is assembled in Python from the stored parts:
-# the jsonb payloads come out of PostgreSQL as text and are spliced in as they
-# are. Letting the database build the object (json_build_object + to_char) was
-# three times slower than reading the rows, and feeds read millions of them.
-EVENT_ROW_SQL: Final = "seq, stream, stream_seq, type, data::text AS data, meta::text AS meta, recorded_at, hash"
+# The JSON object clients receive: the database splices the stored parts into
+# text around the timestamp (plain concatenation; json_build_object and to_char
+# made reading a feed three times slower than reading the rows), and Python adds
+# the timestamp, formatted once per batch of events that share it.
+EVENT_ROW_SQL: Final = """seq, stream_seq, type, stream, meta->>'project' AS project,
+    '{"seq":' || seq || ',"stream":' || to_json(stream)::text || ',"stream_seq":' || stream_seq
+        || ',"type":' || to_json(type)::text || ',"data":' || data::text || ',"meta":' || meta::text
+        || ',"recorded_at":"' AS head,
+    recorded_at,
+    '","hash":"' || hash || '"}' AS tail"""
 
-_str = msgspec.json.Encoder()
-_type_json: dict[str, str] = {}
-
-
-def _json_str(value: str) -> str:
-    return _str.encode(value).decode()
+_last_ts: list[Any] = [None, ""]
 
 
 def event_json(row: Any) -> str:
     """The contract's event object for a row selected with EVENT_ROW_SQL."""
-    t = row[3]
-    tj = _type_json.get(t)
-    if tj is None:
-        tj = _type_json[t] = _json_str(t)
-    at = row[6].isoformat(timespec="microseconds")
-    return (
-        f'{{"seq":{row[0]},"stream":{_json_str(row[1])},"stream_seq":{row[2]},"type":{tj},'
-        f'"data":{row[4]},"meta":{row[5]},"recorded_at":"{at[:-6]}Z","hash":"{row[7]}"}}'
-    )
+    ts = row[6]
+    if ts != _last_ts[0]:
+        _last_ts[0], _last_ts[1] = ts, format_ts(ts)
+    return f"{row[5]}{_last_ts[1]}{row[7]}"
 
 
 EVENT_COLUMNS_SQL: Final = """seq, stream, stream_seq, type, data::text AS data, meta::text AS meta,
@@ -338,7 +333,7 @@ async def read_json(
     rows = await conn.fetch(
         f"SELECT {EVENT_ROW_SQL} FROM events WHERE {where} ORDER BY seq LIMIT {int(limit)}", *args
     )
-    return [(r[0], r[3], event_json(r)) for r in rows]
+    return [(r[0], r[2], event_json(r)) for r in rows]
 
 
 def _filters(

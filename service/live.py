@@ -78,8 +78,7 @@ def frame(seq_or_stream_seq: int, type_: str, data: str) -> str:
         data = "\r\ndata: ".join(data.splitlines())
     return f"id: {seq_or_stream_seq}\r\nevent: {type_}\r\ndata: {data}\r\n\r\n"
 
-_TAIL_SQL = f"""SELECT {EVENT_ROW_SQL}, meta->>'project' AS project
-FROM events WHERE seq > $1 ORDER BY seq LIMIT $2"""
+_TAIL_SQL = f"""SELECT {EVENT_ROW_SQL} FROM events WHERE seq > $1 ORDER BY seq LIMIT $2"""
 
 
 class Stoppable(Protocol):
@@ -315,7 +314,7 @@ class Hub:
             rows: list[Row] = []
             for r in await conn.fetch(_TAIL_SQL, self.cursor, self._page):
                 j = event_json(r)
-                rows.append((r[0], r[2], r[3], j, r[1], r[8], frame(r[0], r[3], j).encode()))
+                rows.append((r[0], r[1], r[2], j, r[3], r[4], frame(r[0], r[2], j).encode()))
             if not rows:
                 self.known_head = max(self.known_head, self.cursor)
                 return
@@ -373,7 +372,7 @@ class Hub:
             f"WHERE seq > $1 AND seq <= $2{where} ORDER BY seq LIMIT $3",
             after, upto, self.catchup_page, *args,
         )
-        return [(r[0], r[2], r[3], event_json(r), None, None, None) for r in rows]
+        return [(r[0], r[1], r[2], event_json(r), None, None, None) for r in rows]
 
     async def follow(self, flt: Filter, pos: int, *, stop: Stoppable | None = None,
                      ) -> AsyncGenerator[list[Row], None]:
