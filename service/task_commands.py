@@ -90,9 +90,15 @@ async def prefetch_tasks(batch: Batch, ids: list[str]) -> None:
     missing = [i for i in ids if i not in cache]
     if not missing:
         return
-    found = await views.load(batch.conn, missing)
+    rows = await batch.conn.fetch(
+        """SELECT t.id, t.body::text AS body, l.expires_at FROM tasks t
+           LEFT JOIN task_leases l ON l.task_id = t.id WHERE t.id = ANY($1::text[])""", missing)
+    found = {r["id"]: r for r in rows}
+    expiry = batch.kind("lease_expiry")
     for i in missing:
-        cache[i] = found.get(i)
+        r = found.get(i)
+        cache[i] = views.decode_state(r["body"]) if r is not None else None
+        expiry[i] = r["expires_at"] if r is not None else None
 
 
 class Session:
@@ -160,6 +166,7 @@ class Session:
             pending.views[task_id] = s
             if before is not None and before.lease_id is not None and s.lease_id is None:
                 pending.leases_gone.add(task_id)
+                self.uow.batch.kind("lease_expiry")[task_id] = None
             if task_id not in touched:
                 touched.append(task_id)
         return touched
@@ -263,6 +270,23 @@ LIMIT 16
 """
 
 
+async def anything_to_claim(
+    pool: Any, ctx: Ctx, *, task_types: Sequence[str], projects: Sequence[str] | None
+) -> bool:
+    """A read outside the writer: is there a task this worker could claim now?
+
+    An idle worker polling for work then costs one indexed read instead of a
+    place in a write batch. A task that appears just after this read is found
+    by the worker's next poll; the claim itself always decides in the writer.
+    """
+    worker, node = _worker_node(ctx)
+    row = await pool.fetchval(
+        _CLAIM_SQL.replace("SELECT body::text AS body", "SELECT 1").replace("LIMIT 16", "LIMIT 1"),
+        list(task_types), list(projects) if projects is not None else None, worker, node,
+    )
+    return row is not None
+
+
 async def claim(
     uow: UnitOfWork, ctx: Ctx, *, task_types: Sequence[str], projects: Sequence[str] | None,
     lease_seconds: int,
@@ -293,6 +317,7 @@ async def claim(
                    expires_at = EXCLUDED.expires_at""",
             s.id, claimed.lease_id, worker, node, lease_seconds, expires,
         )
+        uow.batch.kind("lease_expiry")[s.id] = expires
         return claimed
     return None
 
@@ -310,7 +335,11 @@ async def _check_live_lease(uow: UnitOfWork, s: TaskState, lease_id: str) -> Non
     """A lease past its deadline no longer holds the task, even before the sweeper runs."""
     if s.lease_id is None or s.lease_id != lease_id:
         return  # the pure rule reports the mismatch
-    expires = await uow.fetchval("SELECT expires_at FROM task_leases WHERE task_id = $1", s.id)
+    known = uow.batch.kind("lease_expiry")
+    if s.id in known:
+        expires = known[s.id]
+    else:
+        expires = await uow.fetchval("SELECT expires_at FROM task_leases WHERE task_id = $1", s.id)
     if expires is not None and expires < uow.now:
         raise LeaseMismatch(f"the lease on task {s.id} has expired", task_id=s.id)
 

@@ -222,9 +222,12 @@ class TaskController(Controller):
     @post("/claim", operation_id="claimTask", guards=[requires("worker")], status_code=200)
     async def claim(self, request: Request[Any, Any, Any], data: JSONBody[ClaimBody]) -> Response[Any]:
         ctx = ctx_of(request)
+        types = list(dict.fromkeys(data.task_types))
+        if ctx.idempotency_key is None and not await cmds.anything_to_claim(
+                request.app.state.pool, ctx, task_types=types, projects=data.projects):
+            return Response(content=b"", status_code=204)
         result = await run(request, ctx, lambda u: cmds.claim(
-            u, ctx, task_types=list(dict.fromkeys(data.task_types)), projects=data.projects,
-            lease_seconds=data.lease_seconds))
+            u, ctx, task_types=types, projects=data.projects, lease_seconds=data.lease_seconds))
         if result is None:
             return Response(content=b"", status_code=204)
         return respond(result)
