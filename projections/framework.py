@@ -177,7 +177,7 @@ Progress = Callable[[str, int, int], None]
 """progress(projection name, seq folded up to, seq aimed at)."""
 
 
-async def fold_range(  # noqa: PLR0917 - called positionally from four places in this module
+async def fold_range(
     conn: asyncpg.Connection, p: Projection, fold: Fold, tables: Mapping[str, str],
     after: int, upto: int, progress: Progress | None = None, page_seqs: int = PAGE_SEQS,
 ) -> int:

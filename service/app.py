@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 from litestar import Litestar, Request
 from litestar.datastructures import State
+from litestar.enums import ScopeType
 from litestar.exceptions import ValidationException
 from litestar.middleware.base import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
@@ -75,9 +76,10 @@ async def _reject_nul(request: Request[Any, Any, Any]) -> None:
 def _metrics_middleware(metrics: Metrics) -> Callable[[ASGIApp], ASGIApp]:
     def factory(app: ASGIApp) -> ASGIApp:
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http":
+            if scope["type"] != ScopeType.HTTP:
                 await app(scope, receive, send)
                 return
+            method = scope["method"]
             start = time.perf_counter()
             status = 500
 
@@ -91,7 +93,7 @@ def _metrics_middleware(metrics: Metrics) -> Callable[[ASGIApp], ASGIApp]:
                 await app(scope, receive, send_wrapper)
             finally:
                 route = scope.get("path_template") or "unmatched"
-                metrics.observe_request(scope["method"], route, status, time.perf_counter() - start)
+                metrics.observe_request(method, route, status, time.perf_counter() - start)
 
         return middleware
     return factory

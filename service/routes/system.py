@@ -51,7 +51,7 @@ class SystemController(Controller):
 
     @get("/metrics", operation_id="metrics", tags=["system"], media_type="text/plain; version=0.0.4")
     async def metrics(self, request: Request[Any, Any, Any]) -> str:
-        return request.app.state.metrics.render()
+        return str(request.app.state.metrics.render())
 
     @post("/tokens", operation_id="createToken", tags=["auth"], guards=[requires("admin")], status_code=201)
     async def create(self, request: Request[Any, Any, Any], data: JSONBody[TokenRequest]) -> TokenResponse:
