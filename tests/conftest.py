@@ -54,16 +54,20 @@ def pg_url() -> Iterator[str]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+async def create_database(pg_url: str, name: str, template: str | None = None) -> None:
+    c = await asyncpg.connect(pg_url)
+    try:
+        await c.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+    finally:
+        await c.close()
+
+
 @pytest.fixture(scope="session")
 def template_db(pg_url: str) -> Iterator[str]:
     name = "tl_template_" + uuid.uuid4().hex[:8]
 
     async def make() -> None:
-        c = await asyncpg.connect(pg_url)
-        try:
-            await c.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await c.close()
+        await create_database(pg_url, name)
         c = await asyncpg.connect(with_database(pg_url, name))
         try:
             await migrate(c)
@@ -85,15 +89,7 @@ async def _drop(pg_url: str, name: str) -> None:
 
 def fresh_database(pg_url: str, template: str) -> str:
     name = "tl_" + uuid.uuid4().hex[:12]
-
-    async def make() -> None:
-        c = await asyncpg.connect(pg_url)
-        try:
-            await c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-        finally:
-            await c.close()
-
-    _run(make())
+    _run(create_database(pg_url, name, template))
     return name
 
 

@@ -16,21 +16,13 @@ import pytest
 
 from service.embedded import with_database
 from service.migrate import migrate, migration_files
-from tests.conftest import ServerProcess, _drop
+from tests.conftest import ServerProcess, _drop, create_database
 
 
 @pytest.fixture
 def empty_db(pg_url: str) -> Iterator[str]:
     name = "tl_empty_" + uuid.uuid4().hex[:8]
-
-    async def make() -> None:
-        c = await asyncpg.connect(pg_url)
-        try:
-            await c.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await c.close()
-
-    asyncio.run(make())
+    asyncio.run(create_database(pg_url, name))
     yield with_database(pg_url, name)
     asyncio.run(_drop(pg_url, name))
 
