@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import re
 import time
@@ -46,14 +47,7 @@ _MODULES: Sequence[str] = (
 
 
 def _modules() -> list[Any]:
-    out = []
-    for name in _MODULES:
-        try:
-            out.append(__import__(name, fromlist=["ROUTES"]))
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-    return out
+    return [importlib.import_module(name) for name in _MODULES]
 
 
 def _flatten(handlers: list[Any]) -> list[Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import os
 import sys
@@ -164,13 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_token_create)
 
     for name in _CLI_MODULES:
-        try:
-            module = __import__(name, fromlist=["register"])
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
