@@ -146,7 +146,6 @@ class LogTx:
         self._versions: dict[str, int] = {}
         self._rows: list[tuple[Any, ...]] = []
         self._expect: dict[str, int] = {}
-        self.recorded: list[RecordedEvent] = []
 
     @classmethod
     async def begin(cls, conn: asyncpg.Connection) -> LogTx:
@@ -221,7 +220,6 @@ class LogTx:
         self.head_seq = seq
         self.head_hash = prev
         self._versions[stream] = base + len(events)
-        self.recorded.extend(out)
         return out
 
     async def flush(self) -> None:

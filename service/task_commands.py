@@ -18,6 +18,7 @@ from events.canonical import format_ts
 from events.errors import Forbidden, InvalidTransition, LeaseMismatch, TaskNotFound, ValidationFailed
 from events.store import NewEvent
 from events.tasks import (
+    CANCELLABLE,
     TERMINAL_FOR_ROUND,
     Category,
     Changes,
@@ -48,8 +49,6 @@ from events.tasks import (
 from projections import tasks as views
 from service.commands import Ctx
 from service.writer import Batch, UnitOfWork
-
-_NON_TERMINAL_WORK = ("pending", "claimed", "running")
 
 
 class _Pending:
@@ -218,10 +217,7 @@ class Session:
             ids += [r["id"] for r in rows]
         for cid in ids:
             c = await self.get(cid)
-            if c is None or c.state in TERMINAL_FOR_ROUND or c.state not in (
-                *_NON_TERMINAL_WORK, "verifying", "rejected", "blocked", "failed", "in_progress",
-                "round_review",
-            ):
+            if c is None or c.state not in CANCELLABLE:
                 continue
             out.append((cid, [TaskCancelled(reason=f"{s.id} was cancelled", by=self.ctx.principal.name)]))
         return out

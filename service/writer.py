@@ -78,7 +78,6 @@ class UnitOfWork:
         # every replica's leases and deadlines.
         self.now = batch.log.now
         self.dirty = False
-        self.recorded: list[RecordedEvent] = []
 
     async def flush(self) -> None:
         await self.batch.flush()
@@ -114,9 +113,7 @@ class UnitOfWork:
         meta: dict[str, Any] | None = None,
     ) -> list[RecordedEvent]:
         self.dirty = True
-        out = await self.log.append(stream, events, expected_version=expected_version, meta=meta)
-        self.recorded.extend(out)
-        return out
+        return await self.log.append(stream, events, expected_version=expected_version, meta=meta)
 
 
 Prefetch = tuple[str, str]
