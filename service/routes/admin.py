@@ -42,15 +42,7 @@ class RebuildAccepted(msgspec.Struct, kw_only=True):
     rebuilds: list[RebuildRun]
 
 
-class ProjectionInfo(msgspec.Struct, kw_only=True):
-    name: str
-    version: int
-    stored_version: int | None
-    inline: bool
-    tables: list[str]
-    checkpoint_seq: int | None
-    head_seq: int
-    lag: int | None
+class ProjectionInfo(framework.ProjectionStatus, kw_only=True):
     rebuild: RebuildRun | None
 
 
