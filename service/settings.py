@@ -29,6 +29,9 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     sse_queue_max: int = 1000
     max_streams_per_token: int = 64
     stream_token_ttl_seconds: int = 300
+    # On SIGTERM, /readyz answers 503 for this long before the server stops
+    # taking requests, so a load balancer's health check drains it first.
+    drain_seconds: float = 0.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
