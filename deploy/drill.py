@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -141,3 +142,77 @@ async def cancel(tasks: list[asyncio.Task[Any]]) -> None:
     for t in tasks:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await t
+
+
+def token(base: str, admin_token: str, role: str, node: str | None = None) -> str:
+    body: dict[str, Any] = {"role": role, "name": f"{role}-{uuid.uuid4().hex[:6]}"}
+    if node:
+        body["node"] = node
+    r = httpx.post(base + "/tokens", json=body, timeout=10, headers={"Authorization": f"Bearer {admin_token}"})
+    r.raise_for_status()
+    return str(r.json()["token"])
+
+
+class Load:
+    """Writers and followers through the proxy, started together (an async context)."""
+
+    def __init__(self, base: str, admin_token: str, *, writers: int, followers: int, retry: bool) -> None:
+        self.base = base
+        self.producer = token(base, admin_token, "producer")
+        self.reader = token(base, admin_token, "reader")
+        run_id = uuid.uuid4().hex[:6]
+        self.writers = [Writer(base, self.producer, f"w{i}-{run_id}", retry=retry) for i in range(writers)]
+        self.n_followers = followers
+        self.followers: list[Follower] = []
+        self.stop = asyncio.Event()
+        self.reading: list[asyncio.Task[Any]] = []
+        self.writing: list[asyncio.Task[Any]] = []
+
+    async def __aenter__(self) -> Load:
+        start = await head_seq(self.base, self.reader)
+        self.followers = [Follower(self.base, self.reader, start) for _ in range(self.n_followers)]
+        self.reading = [asyncio.create_task(f.run()) for f in self.followers]
+        self.writing = [asyncio.create_task(w.run(self.stop)) for w in self.writers]
+        await asyncio.sleep(0.5)
+        return self
+
+    async def finish(self) -> int:
+        """Stop writing; wait (90 s at most) until every follower has the head; return the head."""
+        self.stop.set()
+        async with asyncio.timeout(90):
+            await asyncio.gather(*self.writing)
+            head = await head_seq(self.base, self.reader)
+            await asyncio.gather(*(f.until(head) for f in self.followers))
+        return head
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop.set()
+        await cancel(self.reading + self.writing)
+
+    @property
+    def acked(self) -> dict[str, int]:
+        return {k: v for w in self.writers for k, v in w.acked.items()}
+
+    @property
+    def ack_times(self) -> list[float]:
+        return sorted(t for w in self.writers for t in w.ack_times)
+
+    async def problems(self, head: int) -> list[str]:
+        """What breaks one gapless order: the log must be 1..head; each acknowledged task
+        created once, at the seq it was acknowledged with; every follower given exactly
+        the log after its starting cursor, in order."""
+        out: list[str] = []
+        events = await read_log(self.base, self.reader)
+        if [e["seq"] for e in events] != list(range(1, head + 1)):
+            out.append(f"the log is not 1..{head}")
+        created = Counter(e["stream"] for e in events if e["type"] == "task.created")
+        seq_of = {e["stream"]: e["seq"] for e in events if e["type"] == "task.created"}
+        if not self.acked:
+            out.append("no write was acknowledged")
+        for t, s in self.acked.items():
+            if created[f"task:{t}"] != 1 or seq_of[f"task:{t}"] != s:
+                out.append(f"acknowledged task {t} (seq {s}) is created {created[f'task:{t}']} times")
+        for i, f in enumerate(self.followers):
+            if not f.gapless(head):
+                out.append(f"follower {i} from {f.since_seq}: {len(f.seqs)} events, not {head - f.since_seq} in order")
+        return out

@@ -119,8 +119,11 @@ class PgServer:
         self._run("pg_basebackup", "-D", str(self.data), "-h", "127.0.0.1", "-p", str(primary.port),
                   "-U", "postgres", "-X", "stream", "-c", "fast", "--no-sync")
         conninfo = f"host=127.0.0.1 port={primary.port} user=postgres application_name={self.name}"
+        # The base backup copied the primary's settings, including whom it waits
+        # for. Promoted, this server would wait for itself forever: it runs
+        # without a synchronous standby until a new one is attached.
         with (self.data / "postgresql.auto.conf").open("a") as f:
-            f.write(f"\nport = {self.port}\nprimary_conninfo = '{conninfo}'\n")
+            f.write(f"\nport = {self.port}\nprimary_conninfo = '{conninfo}'\nsynchronous_standby_names = ''\n")
         (self.data / "standby.signal").touch()
         self._own(self.data / "standby.signal")
         return self

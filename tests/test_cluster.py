@@ -10,13 +10,12 @@ import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
 
 from deploy.cluster import Cluster
-from deploy.drill import Follower, Writer, cancel, head_seq, read_log
+from deploy.drill import Load, head_seq, read_log, token
 from service.embedded import with_database
 from tests.conftest import _drop, _run, fresh_database
 
@@ -33,75 +32,12 @@ def cluster(pg_url: str, template_db: str) -> Iterator[Cluster]:
     _run(_drop(pg_url, name))
 
 
-def token(cluster: Cluster, role: str, node: str | None = None) -> str:
-    body: dict[str, Any] = {"role": role, "name": f"{role}-{uuid.uuid4().hex[:6]}"}
-    if node:
-        body["node"] = node
-    r = httpx.post(cluster.url + "/tokens", json=body, timeout=10,
-                   headers={"Authorization": f"Bearer {cluster.admin_token}"})
-    assert r.status_code == 201, r.text
-    return str(r.json()["token"])
-
-
-class Load:
-    """Writers and followers through the proxy, started together."""
-
-    def __init__(self, cluster: Cluster, *, writers: int, followers: int, retry: bool) -> None:
-        self.base = cluster.url
-        self.producer = token(cluster, "producer")
-        self.reader = token(cluster, "reader")
-        self.run_id = uuid.uuid4().hex[:6]
-        self.writers = [Writer(self.base, self.producer, f"w{i}-{self.run_id}", retry=retry) for i in range(writers)]
-        self.n_followers = followers
-        self.followers: list[Follower] = []
-        self.stop = asyncio.Event()
-        self.tasks: list[asyncio.Task[Any]] = []
-
-    async def __aenter__(self) -> Load:
-        start = await head_seq(self.base, self.reader)
-        self.followers = [Follower(self.base, self.reader, start) for _ in range(self.n_followers)]
-        self.tasks = [asyncio.create_task(f.run()) for f in self.followers]
-        self.writing = [asyncio.create_task(w.run(self.stop)) for w in self.writers]
-        await asyncio.sleep(0.5)
-        return self
-
-    async def finish(self) -> int:
-        """Stop writing; wait until every follower has the head; return the head."""
-        self.stop.set()
-        await asyncio.wait_for(asyncio.gather(*self.writing), 90)
-        head = await head_seq(self.base, self.reader)
-        await asyncio.wait_for(asyncio.gather(*(f.until(head) for f in self.followers)), 60)
-        return head
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self.stop.set()
-        await cancel(self.tasks + self.writing)
-
-    @property
-    def acked(self) -> dict[str, int]:
-        return {k: v for w in self.writers for k, v in w.acked.items()}
-
-    async def check_log(self, head: int) -> None:
-        """One gapless order: the log is 1..head, each acknowledged task was created once, at
-        the seq it was acknowledged with, and every follower saw exactly that order."""
-        events = await read_log(self.base, self.reader)
-        assert [e["seq"] for e in events] == list(range(1, head + 1))
-        created = Counter(e["stream"] for e in events if e["type"] == "task.created")
-        seq_of = {e["stream"]: e["seq"] for e in events if e["type"] == "task.created"}
-        acked = self.acked
-        assert acked, "no write was acknowledged"
-        assert all(created[f"task:{t}"] == 1 for t in acked), "an acknowledged task is missing or doubled"
-        assert all(seq_of[f"task:{t}"] == s for t, s in acked.items())
-        for f in self.followers:
-            assert f.gapless(head), (f.since_seq, head, f.seqs[:5], len(f.seqs))
-
-
 async def test_writers_and_subscribers_over_three_replicas_see_one_gapless_order(cluster: Cluster) -> None:
-    async with Load(cluster, writers=6, followers=6, retry=False) as load:
+    async with Load(cluster.url, cluster.admin_token, writers=6, followers=6, retry=False) as load:
         await asyncio.sleep(3)
         head = await load.finish()
         assert all(not w.failures for w in load.writers), [w.failures[:3] for w in load.writers]
-        await load.check_log(head)
+        assert await load.problems(head) == []
         # the proxy spread both kinds of client over every replica
         served = Counter[str]()
         for w in load.writers:
@@ -112,7 +48,7 @@ async def test_writers_and_subscribers_over_three_replicas_see_one_gapless_order
 
 async def test_kill_9_of_a_replica_under_load_loses_no_acknowledged_write(cluster: Cluster) -> None:
     victim = cluster.replica("r2")
-    async with Load(cluster, writers=6, followers=6, retry=True) as load:
+    async with Load(cluster.url, cluster.admin_token, writers=6, followers=6, retry=True) as load:
         await asyncio.sleep(1.5)
         on_victim = [f for f in load.followers if f.replicas and f.replicas[-1] == victim.name]
         assert on_victim, [f.replicas for f in load.followers]
@@ -121,7 +57,7 @@ async def test_kill_9_of_a_replica_under_load_loses_no_acknowledged_write(cluste
         assert cluster.proxy is not None
         await asyncio.to_thread(cluster.proxy.wait_state, victim.name, "DOWN", 10)
         head = await load.finish()
-        await load.check_log(head)
+        assert await load.problems(head) == []
         for f in on_victim:  # cut off, then back through the proxy on a live replica
             assert f.broken >= 1 and len(f.replicas) >= 2 and f.replicas[-1] != victim.name, (
                 f.broken, f.replicas)
@@ -130,7 +66,7 @@ async def test_kill_9_of_a_replica_under_load_loses_no_acknowledged_write(cluste
 
 
 async def test_rolling_restart_under_load_fails_no_request(cluster: Cluster) -> None:
-    async with Load(cluster, writers=6, followers=6, retry=False) as load:
+    async with Load(cluster.url, cluster.admin_token, writers=6, followers=6, retry=False) as load:
         await asyncio.sleep(1)
         drained = [await asyncio.to_thread(cluster.restart, r) for r in cluster.replicas]
         # each replica left the proxy's rotation (its /readyz said 503) before it stopped serving
@@ -139,7 +75,7 @@ async def test_rolling_restart_under_load_fails_no_request(cluster: Cluster) -> 
         head = await load.finish()
         failures = [f for w in load.writers for f in w.failures]
         assert failures == [], failures[:10]
-        await load.check_log(head)
+        assert await load.problems(head) == []
         for f in load.followers:
             # every follower was moved at least once, each time by a clean end of stream
             assert f.broken == 0 and f.clean_ends >= 1 and f.refused == [], (f.broken, f.clean_ends, f.refused)
@@ -152,9 +88,9 @@ async def test_rolling_restart_under_load_fails_no_request(cluster: Cluster) -> 
 async def test_sweepers_on_three_replicas_act_once_per_due_item(cluster: Cluster) -> None:
     """Each replica sweeps every 0.2 s; the head lock makes each expiry and escalation happen once."""
     base = cluster.url
-    producer = {"Authorization": f"Bearer {token(cluster, 'producer')}"}
-    worker = {"Authorization": f"Bearer {token(cluster, 'worker', node='n1')}"}
-    reader = token(cluster, "reader")
+    producer = {"Authorization": f"Bearer {token(cluster.url, cluster.admin_token, 'producer')}"}
+    worker = {"Authorization": f"Bearer {token(cluster.url, cluster.admin_token, 'worker', node='n1')}"}
+    reader = token(cluster.url, cluster.admin_token, "reader")
     run = uuid.uuid4().hex[:6]
     start = await head_seq(base, reader)
     async with httpx.AsyncClient(base_url=base, timeout=15) as c:
