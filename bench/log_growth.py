@@ -19,15 +19,10 @@ import argparse
 import asyncio
 import os
 import platform
-import tempfile
-import uuid
 from datetime import UTC, datetime
 
-import asyncpg
-
 from bench.rebuild import seed
-from service.embedded import with_database
-from service.migrate import migrate
+from bench.scratch import migrated_database, server
 
 SIZES = """
 SELECT c.relname AS name, pg_relation_size(c.oid) AS bytes
@@ -40,13 +35,7 @@ ORDER BY bytes DESC
 
 
 async def main_async(events: int, url: str) -> None:
-    name = "tl_bench_growth_" + uuid.uuid4().hex[:8]
-    admin = await asyncpg.connect(url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    conn = await asyncpg.connect(with_database(url, name))
-    try:
-        await migrate(conn)
+    async with migrated_database(url, "tl_bench_growth_") as conn:
         wal0 = await conn.fetchval("SELECT pg_current_wal_lsn()::text")
         head, secs = await seed(conn, events)
         wal = await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)", wal0)
@@ -67,11 +56,6 @@ async def main_async(events: int, url: str) -> None:
         print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
               f"Python {platform.python_version()}, PostgreSQL {await conn.fetchval('SHOW server_version')}; "
               f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    finally:
-        await conn.close()
-        admin = await asyncpg.connect(url)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 def main() -> None:
@@ -79,17 +63,8 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--database-url", default=None)
     args = ap.parse_args()
-    handle = None
-    url = args.database_url or os.environ.get("TASKLEDGER_DATABASE_URL")
-    if not url:
-        from service.embedded import start_embedded
-
-        handle, url = start_embedded(tempfile.mkdtemp(prefix="tl-bench-growth-"))
-        url = with_database(url, "postgres")
-    try:
+    with server(args.database_url, "tl-bench-growth-") as url:
         asyncio.run(main_async(args.events, url))
-    finally:
-        del handle
 
 
 if __name__ == "__main__":
