@@ -54,7 +54,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, Callable, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import asyncpg
 
@@ -70,6 +70,9 @@ APPLICATION_NAME: Final = "taskledger-tailer"
 # the SSE message with `id: <seq>`, encoded once by the tailer for all global-feed
 # subscribers (None on rows read for catch-up).
 Row = tuple[int, int, str, str, str | None, str | None, bytes | None]
+
+Refusal = Literal["capacity", "token"]
+"""Why a stream is refused: the process holds `max_streams`, or the token its own cap."""
 
 
 def frame(seq_or_stream_seq: int, type_: str, data: str) -> str:
@@ -153,6 +156,7 @@ class Hub:
         queue_max: int = 1000,
         page: int = 1000,
         catchup_page: int = 2000,
+        max_streams: int = 10_000,
         metrics: Metrics | None = None,
     ) -> None:
         self._dsn = dsn
@@ -166,6 +170,8 @@ class Hub:
         self.known_head = 0
         self.connected = False
         self._subs: set[Subscription] = set()
+        self.max_streams = max_streams
+        self.open_streams = 0
         self._streams: Counter[str] = Counter()
         self._drained = asyncio.Event()
         self._wake = asyncio.Event()
@@ -212,15 +218,27 @@ class Hub:
         self.known_head = max(self.known_head, head)
         self._wake.set()
 
-    # -- per-token stream cap ----------------------------------------------
+    # -- stream admission: the process's cap and the per-token cap --------
 
-    def acquire_stream(self, key: str, limit: int) -> bool:
-        if self._streams[key] >= limit:
-            return False
+    def refusal(self, key: str, per_token: int) -> Refusal | None:
+        """Why a new stream for `key` would be refused now (None: it would be admitted)."""
+        if self.open_streams >= self.max_streams:
+            return "capacity"
+        if self._streams[key] >= per_token:
+            return "token"
+        return None
+
+    def acquire_stream(self, key: str, per_token: int) -> Refusal | None:
+        """Take a stream slot for `key`, or answer why not. Never awaits."""
+        why = self.refusal(key, per_token)
+        if why is not None:
+            return why
         self._streams[key] += 1
-        return True
+        self.open_streams += 1
+        return None
 
     def release_stream(self, key: str) -> None:
+        self.open_streams -= 1
         self._streams[key] -= 1
         if self._streams[key] <= 0:
             del self._streams[key]
@@ -239,11 +257,22 @@ class Hub:
 
     def register_metrics(self, metrics: Metrics) -> None:
         metrics.gauge("sse_subscribers", lambda: self.subscribers)
+        metrics.gauge("sse_streams_open", lambda: self.open_streams)
+        metrics.gauge("sse_streams_max", lambda: self.max_streams)
+        for why in ("capacity", "token"):  # shown from the start, not from the first refusal
+            metrics.inc(f'sse_streams_refused_total{{reason="{why}"}}', 0)
+        metrics.inc("sse_send_timeouts_total", 0)
         metrics.gauge("sse_tailer_lag_events", lambda: self.lag)
         metrics.gauge("sse_tailer_cursor", lambda: self.cursor)
         metrics.gauge("sse_tailer_connected", lambda: int(self.connected))
         metrics.gauge("sse_tailer_idle_seconds",
                       lambda: round(time.monotonic() - self._last_advance, 3) if self.lag else 0.0)
+
+    def count_refusal(self, why: Refusal) -> None:
+        self._inc(f'sse_streams_refused_total{{reason="{why}"}}')
+
+    def count(self, name: str) -> None:
+        self._inc(name)
 
     def _inc(self, name: str, by: int = 1) -> None:
         if self._metrics is not None:
