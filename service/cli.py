@@ -89,7 +89,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os.environ["TASKLEDGER_MIGRATE_ON_START"] = "false"
     settings = _limited(Settings.from_env(host=args.host, port=args.port, workers=args.workers))
     print(f"taskledger serving on http://{settings.host}:{settings.port} ({args.server}; per process: "
-          f"{settings.max_streams} streams + {settings.max_connections} other connections)", file=sys.stderr, flush=True)
+          f"{settings.max_streams} streams + {settings.max_connections} other connections)",
+          file=sys.stderr, flush=True)
     try:
         if args.server == "uvicorn":
             import uvicorn

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import resource
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -292,6 +293,7 @@ async def startup(app: Litestar) -> None:
     )
     await hub.start()
     hub.register_metrics(app.state.metrics)
+    app.state.metrics.gauge("process_open_files_limit", lambda: resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     app.state.hub = hub
     app.state.commit_listeners.append(hub.notify)
     server_signals.on_shutdown(hub.end_streams)
