@@ -91,7 +91,7 @@ class Stoppable(Protocol):
 class Filter:
     """The contract's feed filters: `types` (exact, or prefix when ending in '.'), stream, project."""
 
-    __slots__ = ("exact", "prefixes", "project", "stream", "types")
+    __slots__ = ("exact", "key", "prefixes", "project", "stream", "types")
 
     def __init__(self, types: Sequence[str] = (), stream: str | None = None,
                  project: str | None = None) -> None:
@@ -100,6 +100,7 @@ class Filter:
         self.prefixes = tuple(t for t in types if t.endswith("."))
         self.stream = stream
         self.project = project
+        self.key = (self.types, stream, project)
 
     @property
     def everything(self) -> bool:
@@ -157,6 +158,7 @@ class Hub:
         page: int = 1000,
         catchup_page: int = 2000,
         max_streams: int = 10_000,
+        wake_slice: int = 200,
         metrics: Metrics | None = None,
     ) -> None:
         self._dsn = dsn
@@ -171,6 +173,7 @@ class Hub:
         self.connected = False
         self._subs: set[Subscription] = set()
         self.max_streams = max_streams
+        self.wake_slice = wake_slice
         self.open_streams = 0
         self._streams: Counter[str] = Counter()
         self._drained = asyncio.Event()
@@ -359,11 +362,21 @@ class Hub:
     def _publish(self, rows: list[Row]) -> None:
         """Hand a page to every subscriber. Never awaits, never blocks."""
         qmax = self.queue_max
+        # Subscribers mostly share a few filters (a dashboard's, a project's): each
+        # distinct filter is applied to the page once, not once per subscriber.
+        matches: dict[tuple[Any, ...], list[Row]] = {}
+        woken: list[Subscription] = []
         for sub in self._subs:
             if sub.detached:
                 continue
             flt = sub.filter
-            matched = rows if flt.everything else [r for r in rows if flt.matches(r)]
+            if flt.everything:
+                matched = rows
+            else:
+                found = matches.get(flt.key)
+                if found is None:
+                    found = matches[flt.key] = [r for r in rows if flt.matches(r)]
+                matched = found
             if not matched:
                 continue
             if len(sub.items) + len(matched) > qmax:
@@ -372,7 +385,24 @@ class Hub:
                 self._inc("sse_subscriber_overflows_total")
             else:
                 sub.items.extend(matched)
+            woken.append(sub)
+        self._wake_slices(woken, 0)
+
+    def _wake_slices(self, subs: list[Subscription], first: int) -> None:
+        """Wake `subs` a slice per event-loop turn, not all at once.
+
+        Every subscriber woken in one turn sends before the loop looks at its
+        sockets again: with ten thousand streams one event would hold every other
+        request of this process for the whole fan-out. A slice at a time, a
+        request waits for one slice at most. Only wake-ups are deferred: the
+        items are already queued, and a subscriber checks its queue before it
+        waits, so the handoff above is unchanged.
+        """
+        end = first + self.wake_slice
+        for sub in subs[first:end]:
             sub.wake.set()
+        if end < len(subs):
+            asyncio.get_running_loop().call_soon(self._wake_slices, subs, end)
 
     # -- subscribers -------------------------------------------------------
 
