@@ -47,23 +47,6 @@ from events.store import NewEvent
 FEED = "feed"
 
 
-class FeedSubscriber(Subscriber):
-    """sse_latency's bare-socket subscriber, on a given path with a given token."""
-
-    def __init__(self, path: str, token: str) -> None:
-        super().__init__()
-        self.path = path
-        self.token = token
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.write(
-            f"GET {self.path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
-            f"Authorization: Bearer {self.token}\r\n\r\n".encode()
-        )
-
-
 # -- a client process -------------------------------------------------------------
 
 
@@ -74,7 +57,7 @@ def client_main(conn: Connection, port: int, token: str, n: int) -> None:
 
 async def _client(conn: Connection, port: int, token: str, n: int) -> None:
     loop = asyncio.get_running_loop()
-    subs = [FeedSubscriber(f"/stream?project={FEED}", token) for _ in range(n)]
+    subs = [Subscriber(f"/stream?project={FEED}", token) for _ in range(n)]
     tasks: list[asyncio.Task[None]] = []
     for i, s in enumerate(subs):
         tasks.append(asyncio.create_task(s.run(port)))

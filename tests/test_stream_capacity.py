@@ -25,10 +25,12 @@ import pytest
 
 from events import store
 from events.store import NewEvent
-from service.embedded import with_database
 from service.server_limits import RESERVED_FILES, fit_to_open_files, raise_open_files_limit, server_concurrency
 from service.settings import Settings
-from tests.conftest import ADMIN_TOKEN, ServerProcess, _drop, fresh_database
+from tests import test_sse
+from tests.conftest import ADMIN_TOKEN, ServerProcess
+
+shared_db = test_sse.shared_db  # this module's own database, made as test_sse makes its own
 
 CAP = 200
 PER_TOKEN = 150
@@ -115,13 +117,6 @@ async def ordinary_requests_answer_within_a_second(base: str, token: str = ADMIN
         assert r.status_code == 200 and s < 1.0, (r.status_code, s)
         r, s = await timed(http.post("/tasks", json={"title": "while streams are open", "project": "capacity"}))
         assert r.status_code == 201 and s < 1.0, (r.status_code, s, r.text)
-
-
-@pytest.fixture(scope="module")
-def shared_db(pg_url: str, template_db: str) -> Iterator[str]:
-    name = fresh_database(pg_url, template_db)
-    yield with_database(pg_url, name)
-    asyncio.run(_drop(pg_url, name))
 
 
 @pytest.fixture(scope="module")
