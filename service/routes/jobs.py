@@ -22,7 +22,7 @@ from projections.jobs import decode_state, replay, stream_of
 from service import job_commands
 from service.auth import requires
 from service.commands import Stored, ctx_of, run
-from service.routes.common import check_id, respond
+from service.routes.common import check_id, known_query_only, respond
 from service.writer import WriterUnavailable
 
 log = logging.getLogger("taskledger.jobs")
@@ -134,6 +134,7 @@ async def _wait_for_end(request: Request[Any, Any, Any], job_id: str, seconds: f
 
 class JobController(Controller):
     path = "/jobs"
+    guards = [known_query_only]
     tags = ["jobs"]
 
     @post("/", operation_id="createJob", guards=[requires("producer")], status_code=201)
