@@ -394,7 +394,8 @@ async def reassign(uow: UnitOfWork, ctx: Ctx, task_id: str, *, assignee: str | N
 async def unblock(uow: UnitOfWork, ctx: Ctx, task_id: str, *, action: UnblockAction, notes: str | None) -> TaskState:
     ses = Session(uow, ctx)
     s = await ses.need(task_id)
-    await ses.apply_and_settle(decide_unblock(s, action, notes))
+    parent = await ses.get(s.parent_task_id) if s.parent_task_id else None
+    await ses.apply_and_settle(decide_unblock(s, action, notes, parent))
     return ses.state(task_id)
 
 

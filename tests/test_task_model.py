@@ -497,6 +497,15 @@ def test_unblocking_a_sub_task_reopens_its_parents_round() -> None:
     assert w.log[-1] == ("P", TaskRoundReview(round=1, total=2, done=2, failed=0, cancelled=0))
 
 
+def test_a_sub_task_of_a_closed_goal_stays_blocked() -> None:
+    w = _round_with_blocked_subtask()
+    w.run(decide_round_review(w.states["P"], Review(decision="GOAL_ACHIEVED", **ANSWERS), list(w.states.values()),
+                              existing_ids=set(), default_escalation=60))
+    with pytest.raises(InvalidTransition):
+        decide_unblock(w.states["S1"], "retry", None, w.states["P"])
+    assert decide_unblock(w.states["S1"], "retry", None, None)
+
+
 def test_a_review_is_refused_while_a_sub_task_of_the_round_is_open() -> None:
     w = _round_with_blocked_subtask()
     p = w.states["P"]

@@ -246,12 +246,15 @@ def after_verdict(maker: TaskState, verdict: TaskVerdict) -> Changes:
     return [(maker.id, events)]
 
 
-def decide_unblock(s: TaskState, action: UnblockAction, notes: str | None) -> Changes:
+def decide_unblock(s: TaskState, action: UnblockAction, notes: str | None, parent: TaskState | None = None) -> Changes:
     """An operator resolves a blocker. `retry` hands the maker the unmet requirements
     of the latest verdicts and the notes (attempts start again); `reverify` asks
-    again every checker without a PASS for this attempt, with the notes."""
+    again every checker without a PASS for this attempt, with the notes. A
+    sub-task whose parent's goal is closed stays as its round left it."""
     if s.state != "blocked" or s.blocker_id is None:
         raise InvalidTransition(f"task {s.id} is {s.state}, not blocked", state=s.state)
+    if parent is not None and parent.state in ("done", "cancelled"):
+        raise InvalidTransition(f"task {s.id} belongs to {parent.id}, which is {parent.state}", state=s.state)
     if action == "retry":
         return [(s.id, [TaskUnblocked(blocker_id=s.blocker_id, action="retry", notes=notes, attempt=1,
                                       rework_notes=unmet(s.verdicts))])]
