@@ -24,7 +24,7 @@ test: $(STAMP)  ## run the whole test suite (embedded PostgreSQL unless TASKLEDG
 	$(BIN)/pytest
 
 deep: $(STAMP)  ## the property tests with many more (random) examples; failures kept in .hypothesis/examples
-	HYPOTHESIS_PROFILE=deep $(BIN)/pytest -q -p no:cacheprovider tests/test_task_machine.py tests/test_jobs_model.py
+	HYPOTHESIS_PROFILE=deep $(BIN)/pytest -q -p no:cacheprovider tests/test_task_machine.py
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check service events projections tests bench
