@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.rebuild [--events 1000000] [--database-url URL]
 
 Seeds a fresh database with task streams that the pure model produced
-(`events.tasks.decide_*`): each maker task is created, claimed, started,
+(`events.task` deciders): each maker task is created, claimed, started,
 completed, verified by a checker on another node and collected — 12 events over
 two streams. One such lifecycle is generated with a placeholder id, then
 instantiated with fresh ids and interleaved (many tasks in flight at once), its

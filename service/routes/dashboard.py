@@ -42,8 +42,8 @@ from litestar.datastructures import Cookie
 from litestar.exceptions import NotAuthorizedException
 from litestar.params import FromPath, JSONBody
 
-from events import jobs as job_events
 from events.errors import NotFound, ValidationFailed
+from events.job import events as job_events
 from events.task import events as task_events
 from service.auth import Principal, hash_token
 from service.settings import Settings
