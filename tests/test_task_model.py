@@ -273,6 +273,7 @@ def test_after_a_retry_the_verdicts_start_empty() -> None:
     w.check(vb, "FAIL")
     s = w.states["T1"]
     assert (s.state, s.attempt, s.verdicts, s.verifier_task_ids) == ("pending", 2, [], [])
+    assert [r.checker for r in s.previous_verdicts] == ["a", "b"]
     assert s.rework_notes == [Unmet(requirement_id="R1", reason="fail by checker", checker="b")]
 
 

@@ -92,6 +92,7 @@ class TaskState(msgspec.Struct, frozen=True, kw_only=True):
     verifier_task_ids: list[str] = []
     all_verifier_task_ids: list[str] = []
     verdicts: list[VerdictRecord] = []
+    previous_verdicts: list[VerdictRecord] = []  # the last judged attempt's, once a retry starts afresh
     reverify_count: int = 0
     maker_node: str | None = None
     maker_worker: str | None = None
@@ -172,7 +173,8 @@ def _changes(s: TaskState, ev: TaskEvent, at: str) -> dict[str, Any]:
             return {"state": "rejected"}
         case TaskRetryScheduled():
             return {"state": "pending", "attempt": ev.attempt, "rework_notes": list(ev.rework_notes),
-                    "verifier_task_ids": [], "verdicts": [], **_UNHELD, **ready}
+                    "verifier_task_ids": [], "verdicts": [], "previous_verdicts": s.verdicts or s.previous_verdicts,
+                    **_UNHELD, **ready}
         case TaskBlocked():
             return {"state": "blocked", "blocker_id": ev.blocker_id, "blockers_opened": s.blockers_opened + 1,
                     **_NO_LEASE}
@@ -182,7 +184,8 @@ def _changes(s: TaskState, ev: TaskEvent, at: str) -> dict[str, Any]:
         case TaskUnblocked() if ev.action == "retry":
             return {"state": "pending", "attempt": ev.attempt, "blocker_id": None,
                     "rework_notes": list(ev.rework_notes), "operator_notes": ev.notes,
-                    "verifier_task_ids": [], "verdicts": [], **_UNHELD, **ready}
+                    "verifier_task_ids": [], "verdicts": [], "previous_verdicts": s.verdicts or s.previous_verdicts,
+                    **_UNHELD, **ready}
         case TaskUnblocked():
             return {**_panel(s, list(ev.kept_verifier_task_ids), list(ev.verifier_task_ids)),
                     "blocker_id": None, "reverify_count": 0, "operator_notes": ev.notes}
