@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck openapi bench acceptance clean help
+.PHONY: run test deep lint typecheck openapi bench acceptance clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -22,6 +22,9 @@ run: $(STAMP)  ## serve on 127.0.0.1:8080 (embedded PostgreSQL unless TASKLEDGER
 
 test: $(STAMP)  ## run the whole test suite (embedded PostgreSQL unless TASKLEDGER_TEST_DATABASE_URL is set)
 	$(BIN)/pytest
+
+deep: $(STAMP)  ## the property tests with many more (random) examples; failures kept in .hypothesis/examples
+	HYPOTHESIS_PROFILE=deep $(BIN)/pytest -q -p no:cacheprovider tests/test_task_machine.py
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check service events projections tests bench

@@ -51,10 +51,11 @@ from litestar.datastructures import Cookie
 from litestar.exceptions import NotAuthorizedException
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from events import jobs as job_events
 from events import store
-from events import tasks as task_events
 from events.errors import Forbidden, NotFound, ValidationFailed
+from events.job import events as job_events
+from events.task import events as task_events
+from events.task.state import TaskState
 from projections import framework
 from projections import tasks as views
 from service.auth import Principal, hash_token
@@ -471,11 +472,14 @@ async def tasks_as_of(
         "SELECT id, seq, body::text AS body FROM tasks WHERE created_seq > $1 AND created_seq <= $2 "
         f"ORDER BY created_seq LIMIT {int(limit) + 1}", cursor, as_of_seq)
     page = rows[:limit]
-    states: dict[str, task_events.TaskState] = {}
+    states: dict[str, TaskState] = {}
     later = [f"task:{r['id']}" for r in page if r["seq"] > as_of_seq]
     if later:
         views.fold_page(states, None, await framework.read_stream_before(pool, later, as_of_seq + 1))
-    out = [states[r["id"]] if r["seq"] > as_of_seq else views.decode_state(r["body"]) for r in page]
+    user: Principal = request.user
+    viewer = None if user.role == "admin" else user.token_id  # lease ids only to their holder
+    out = [views.visible_to(states[r["id"]] if r["seq"] > as_of_seq else views.decode_state(r["body"]), viewer)
+           for r in page]
     return BoardPage(as_of_seq=as_of_seq, head_seq=head, tasks=out,
                      next_after=page[-1]["id"] if len(rows) > limit else None)
 

@@ -950,7 +950,10 @@
 
   function stateSections(t) {
     const out = [];
-    if ((t.verdicts || []).length) out.push(h('h4', null, 'Verdicts of this attempt'), t.verdicts.map(verdictBlock));
+    if ((t.verdicts || []).length) out.push(h('h4', null, 'Verdicts'), t.verdicts.map(verdictBlock));
+    else if ((t.previous_verdicts || []).length) {
+      out.push(h('h4', null, 'Verdicts of the last judged attempt'), t.previous_verdicts.map(verdictBlock));
+    }
     if (t.task_type === 'verify' && t.outcome) {
       out.push(h('h4', null, 'This check'), verdictBlock({ checker: t.checker, outcome: t.outcome,
         verdicts: t.verify_verdicts, node: t.node, worker: t.worker, category: t.category }));
