@@ -29,6 +29,14 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     sse_queue_max: int = 1000
     max_streams_per_token: int = 64
     stream_token_ttl_seconds: int = 300
+    # Capacity of one server process (README "Configuration", service.server_limits):
+    # open SSE streams and ordinary requests get separate budgets.
+    max_streams: int = 10_000
+    max_connections: int = 1024
+    keep_alive_seconds: float = 5.0
+    backlog: int = 4096
+    sse_send_timeout_seconds: float = 30.0
+    stream_retry_after_seconds: int = 5
     # On SIGTERM, /readyz answers 503 for this long before the server stops
     # taking requests, so a load balancer's health check drains it first.
     drain_seconds: float = 0.0
