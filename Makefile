@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test deep lint typecheck openapi bench acceptance clean help
+.PHONY: run test deep lint typecheck openapi bench acceptance cluster clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -27,7 +27,7 @@ deep: $(STAMP)  ## the property tests with many more (random) examples; failures
 	HYPOTHESIS_PROFILE=deep $(BIN)/pytest -q -p no:cacheprovider tests/test_task_machine.py
 
 lint: $(STAMP)  ## ruff
-	$(BIN)/ruff check service events projections tests bench
+	$(BIN)/ruff check service events projections tests bench deploy
 
 typecheck: $(STAMP)  ## mypy --strict on the packages
 	$(BIN)/mypy
@@ -42,6 +42,9 @@ bench: $(STAMP)  ## run every benchmark (a quarter of an hour; figures in docs/B
 	$(BIN)/python -m bench.sse_catchup
 	$(BIN)/python -m bench.rebuild
 	$(BIN)/python -m bench.jobs_memory
+
+cluster: $(STAMP)  ## 3 replicas behind HAProxy on 127.0.0.1:8080 and a PostgreSQL of their own; Ctrl-C stops all (CLUSTER_ARGS=--standby ...)
+	$(BIN)/python -m deploy.cluster $(CLUSTER_ARGS)
 
 acceptance:  ## the black-box acceptance suite from ../shared
 	../shared/acceptance/run.sh

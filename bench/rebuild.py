@@ -24,15 +24,14 @@ import asyncio
 import hashlib
 import os
 import platform
-import tempfile
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import msgspec
 
+from bench.scratch import migrated_database, server
 from events.canonical import GENESIS_HASH, canonical_json, event_hash, format_ts
 from events.lease import Holder
 from events.task.events import Requirement, RequirementVerdict, event_type, payload
@@ -40,7 +39,6 @@ from events.task.panel import Verdict, decide_complete, decide_verifier_complete
 from events.task.rules import Claim, NewTask, decide_claim, decide_collect, decide_create, decide_start
 from events.task.state import evolve
 from projections import framework
-from service.migrate import migrate
 
 PH = "XQXIDXQX"
 _enc = msgspec.json.Encoder()
@@ -152,16 +150,7 @@ async def raw_reads(conn: asyncpg.Connection, head: int) -> dict[str, float]:
 
 
 async def main_async(args: argparse.Namespace, url: str) -> None:
-    from service.embedded import with_database
-
-    name = "tl_bench_rebuild_" + uuid.uuid4().hex[:8]
-    admin = await asyncpg.connect(url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    db = with_database(url, name)
-    conn = await asyncpg.connect(db)
-    try:
-        await migrate(conn)
+    async with migrated_database(url, "tl_bench_rebuild_") as conn:
         head, secs = await seed(conn, args.events)
         print(f"seeded {head:,} events in {secs:.1f}s ({head / secs:,.0f} events/s)", flush=True)
         size = await conn.fetchval("SELECT pg_size_pretty(pg_total_relation_size('events'))")
@@ -181,11 +170,6 @@ async def main_async(args: argparse.Namespace, url: str) -> None:
         print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
               f"Python {platform.python_version()}, "
               f"{await conn.fetchval('SHOW server_version')}; {datetime.now(UTC):%Y-%m-%d}")
-    finally:
-        await conn.close()
-        admin = await asyncpg.connect(url)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 def main() -> None:
@@ -194,16 +178,8 @@ def main() -> None:
     ap.add_argument("--database-url", default=None)
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args()
-    handle = None
-    url = args.database_url or os.environ.get("TASKLEDGER_DATABASE_URL")
-    if not url:
-        from service.embedded import start_embedded
-
-        handle, url = start_embedded(tempfile.mkdtemp(prefix="tl-bench-rebuild-"))
-    try:
+    with server(args.database_url, "tl-bench-rebuild-") as url:
         asyncio.run(main_async(args, url))
-    finally:
-        del handle
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ from service import server_signals
 from service.app import create_app
 from service.settings import Settings
 
-server_signals.install()
+settings = Settings.from_env()
+server_signals.install(drain_seconds=settings.drain_seconds)
 
-app = create_app(Settings.from_env())
+app = create_app(settings)
 
 # Everything created so far lives as long as the process: keep it out of the
 # cyclic collector's generations, and collect the young generation less often,

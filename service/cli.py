@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import importlib
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -107,7 +108,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             Granian(
                 "service.asgi:app", address=settings.host, port=settings.port,
                 interface=Interfaces.ASGI, workers=settings.workers, log_enabled=False,
-                workers_kill_timeout=5, **server_limits.granian_options(settings),
+                # the drain (service.server_signals) runs inside this timeout
+                workers_kill_timeout=5 + math.ceil(settings.drain_seconds),
+                **server_limits.granian_options(settings),
             ).serve()
     finally:
         del handle

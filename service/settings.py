@@ -37,6 +37,9 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     backlog: int = 4096
     sse_send_timeout_seconds: float = 30.0
     stream_retry_after_seconds: int = 5
+    # On SIGTERM, /readyz answers 503 for this long before the server stops
+    # taking requests, so a load balancer's health check drains it first.
+    drain_seconds: float = 0.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Litestar, Request, Response, get, post
 from litestar.params import JSONBody, QueryParameter
 
 from events import store
 from events.errors import ValidationFailed
+from service import server_signals
 from service.auth import Principal, create_token, requires
 from service.routes.common import SinceSeq, known_query_only, split_types
 
@@ -41,6 +42,9 @@ class SystemController(Controller):
     @get("/readyz", operation_id="readyz", tags=["system"])
     async def readyz(self, request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
         state = request.app.state
+        if state.draining:
+            # Told to stop: out of the balancer's rotation first, still serving.
+            return Response({"status": "draining"}, status_code=503)
         try:
             head = await state.pool.fetchval("SELECT seq FROM log_head WHERE id = 1")
         except Exception as e:  # readiness reports, never raises
@@ -89,3 +93,13 @@ class SystemController(Controller):
             head_seq=head_seq,
         )
 ROUTES = [SystemController]
+
+
+def startup(app: Litestar) -> None:
+    state = app.state
+    state.draining = False
+
+    def drain() -> None:
+        state.draining = True
+
+    server_signals.on_drain(drain)
