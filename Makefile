@@ -14,7 +14,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,dev]'
+	$(BIN)/pip install -q -e '.[test,dev,mcp]'
 	touch $(STAMP)
 
 run: $(STAMP)  ## serve on 127.0.0.1:8080 (embedded PostgreSQL unless TASKLEDGER_DATABASE_URL is set)
@@ -24,7 +24,7 @@ test: $(STAMP)  ## run the whole test suite (embedded PostgreSQL unless TASKLEDG
 	$(BIN)/pytest
 
 lint: $(STAMP)  ## ruff
-	$(BIN)/ruff check service events projections tests bench
+	$(BIN)/ruff check service events projections taskledger tests bench
 
 typecheck: $(STAMP)  ## mypy --strict on the packages
 	$(BIN)/mypy
