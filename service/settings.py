@@ -29,6 +29,10 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     sse_queue_max: int = 1000
     max_streams_per_token: int = 64
     stream_token_ttl_seconds: int = 300
+    webhook_poll_seconds: float = 1.0  # how soon another replica's events are delivered
+    webhook_timeout_seconds: float = 10.0
+    webhook_retry_base_seconds: float = 1.0  # a failed delivery is retried after 1, 2, 4, ... s
+    webhook_retry_max_seconds: float = 300.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
