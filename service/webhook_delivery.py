@@ -81,8 +81,7 @@ def _clip(text: str, n: int) -> str:
 
 def issue_for(task: TaskState | None, task_id: str, data: dict[str, Any], seq: int) -> dict[str, Any]:
     """A `task.blocked` event as an issue a tracker accepts as it is: GitHub's
-    `POST /repos/{owner}/{repo}/issues` (and Gitea's, Forgejo's) take exactly
-    `title`, `body` and `labels`."""
+    `POST /repos/{owner}/{repo}/issues` takes `title`, `body` and `labels` (names)."""
     title = task.title if task is not None else task_id
     texts = {r.id: r.text for r in task.requirements} if task is not None else {}
     unmet = data.get("unmet_requirements") or []

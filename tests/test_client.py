@@ -34,7 +34,7 @@ from taskledger.client import (
     ValidationError,
     Verdict,
 )
-from tests.conftest import ADMIN_TOKEN, ServerProcess, free_port
+from tests.conftest import ADMIN_TOKEN, ROOT, ServerProcess, free_port
 
 FAST = Retry(attempts=6, backoff=0.05, max_backoff=0.5)
 
@@ -319,3 +319,19 @@ async def test_follow_resumes_across_a_server_restart_without_gap_or_duplicate(
             await task
     seqs = [e.seq for e in seen]
     assert seqs == list(range(1, head + 1))
+
+
+def test_the_readme_loop_in_python_runs_as_written(server: ServerProcess, capsys: pytest.CaptureFixture[str]) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## The loop in Python", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len([line for line in code.splitlines() if line.strip()]) <= 10
+    env = {"URL": server.base, "PRODUCER": server.token("producer"),
+           "MAKER": server.token("worker", node="node-a"), "CHECKER": server.token("worker", node="node-b")}
+    try:
+        exec(compile(code, "README.md", "exec"), env)  # the README's own example
+    finally:
+        for name in ("producer", "maker", "checker"):
+            if isinstance(env.get(name), Client):
+                env[name].close()  # a script ending closes them; this process goes on
+    assert capsys.readouterr().out.strip() == "verified"
