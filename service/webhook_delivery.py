@@ -129,6 +129,7 @@ class Deliverer:
         self._owned: dict[str, asyncio.Task[None]] = {}
         self._wakes: set[asyncio.Event] = set()
         self._supervisor: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -136,9 +137,11 @@ class Deliverer:
         self._supervisor = asyncio.create_task(self._supervise(), name="taskledger-webhooks")
 
     async def stop(self) -> None:
+        # The supervisor ends its round rather than being cancelled in a query.
+        self._stopping.set()
         if self._supervisor is not None:
-            self._supervisor.cancel()
-            await asyncio.gather(self._supervisor, return_exceptions=True)
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._supervisor, 10)
         await self._release_all()
         await self._http.aclose()
 
@@ -150,7 +153,7 @@ class Deliverer:
     # ---------------------------------------------------------------- ownership
 
     async def _supervise(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 await self._round()
             except asyncio.CancelledError:
@@ -158,7 +161,8 @@ class Deliverer:
             except Exception as e:
                 log.warning("webhook ownership round failed (retrying): %r", e)
                 await self._release_all()
-            await asyncio.sleep(self._poll)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self._poll)
 
     async def _round(self) -> None:
         if self._lock is None or self._lock.is_closed():
@@ -194,8 +198,7 @@ class Deliverer:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._lock is not None:
-            with contextlib.suppress(Exception):
-                await self._lock.close(timeout=5)
+            self._lock.terminate()  # ends the session, and with it every lock it held
             self._lock = None
 
     # ---------------------------------------------------------------- delivery
