@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck openapi bench acceptance clean help
+.PHONY: run test deep lint typecheck openapi bench acceptance clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -23,6 +23,9 @@ run: $(STAMP)  ## serve on 127.0.0.1:8080 (embedded PostgreSQL unless TASKLEDGER
 test: $(STAMP)  ## run the whole test suite (embedded PostgreSQL unless TASKLEDGER_TEST_DATABASE_URL is set)
 	$(BIN)/pytest
 
+deep: $(STAMP)  ## the property tests with many more (random) examples; failures kept in .hypothesis/examples
+	HYPOTHESIS_PROFILE=deep $(BIN)/pytest -q -p no:cacheprovider tests/test_task_machine.py
+
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check service events projections taskledger tests bench
 
@@ -35,6 +38,7 @@ openapi: $(STAMP)  ## rewrite openapi/openapi.json from the app
 bench: $(STAMP)  ## run every benchmark (a quarter of an hour; figures in docs/BENCHMARKS.md)
 	$(BIN)/python -m bench.append_http
 	$(BIN)/python -m bench.sse_latency --subscribers 1000 --seconds 20 --rate 10
+	$(BIN)/python -m bench.sse_capacity --subscribers 10000 --seconds 20
 	$(BIN)/python -m bench.sse_catchup
 	$(BIN)/python -m bench.rebuild
 	$(BIN)/python -m bench.jobs_memory

@@ -98,12 +98,13 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, db_url: str, env: dict[str, str] | None = None, server: str = "granian") -> None:
+    def __init__(self, db_url: str, env: dict[str, str] | None = None, server: str = "granian",
+                 workers: int = 1) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"tl-bench-{self.port}.log"
         cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--server", server, "--database-url", db_url]
+               "--server", server, "--database-url", db_url, "--workers", str(workers)]
         full_env = dict(os.environ, TASKLEDGER_ADMIN_TOKEN=TOKEN, **(env or {}))
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
@@ -133,6 +134,16 @@ class Server:
             return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
         except psutil.Error:
             return float("nan")
+
+    def rss_kib(self) -> int:
+        """Resident memory of the server process and its workers."""
+        import psutil
+
+        try:
+            root = psutil.Process(self.proc.pid)
+            return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) // 1024
+        except psutil.Error:
+            return 0
 
     def stop(self) -> None:
         if self.proc.poll() is None:

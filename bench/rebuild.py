@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.rebuild [--events 1000000] [--database-url URL]
 
 Seeds a fresh database with task streams that the pure model produced
-(`events.tasks.decide_*`): each maker task is created, claimed, started,
+(`events.task` deciders): each maker task is created, claimed, started,
 completed, verified by a checker on another node and collected — 12 events over
 two streams. One such lifecycle is generated with a placeholder id, then
 instantiated with fresh ids and interleaved (many tasks in flight at once), its
@@ -34,20 +34,11 @@ import asyncpg
 import msgspec
 
 from events.canonical import GENESIS_HASH, canonical_json, event_hash, format_ts
-from events.tasks import (
-    NewTask,
-    Requirement,
-    RequirementVerdict,
-    decide_claim,
-    decide_collect,
-    decide_complete,
-    decide_create,
-    decide_start,
-    decide_verifier_complete,
-    event_data,
-    event_type,
-    evolve,
-)
+from events.lease import Holder
+from events.task.events import Requirement, RequirementVerdict, event_type, payload
+from events.task.panel import Verdict, decide_complete, decide_verifier_complete
+from events.task.rules import Claim, NewTask, decide_claim, decide_collect, decide_create, decide_start
+from events.task.state import evolve
 from projections import framework
 from service.migrate import migrate
 
@@ -60,31 +51,29 @@ def lifecycle() -> list[tuple[str, str, bytes, bytes]]:
     states: dict[str, Any] = {}
     out: list[tuple[str, str, bytes, bytes]] = []
     at = "2026-01-01T00:00:00.000000Z"
-    exp = "2026-01-01T00:01:00.000000Z"
+    now = datetime(2026, 1, 1, tzinfo=UTC)
 
     def apply(changes: Any) -> None:
         for tid, evs in changes:
             for ev in evs:
                 states[tid] = evolve(states.get(tid), ev, seq=1, version=1, at=at)
-                data = event_data(ev)
+                data = payload(ev)
                 out.append((tid, event_type(ev), _enc.encode(data), canonical_json(data)))
 
     t = NewTask(id=PH, project="bench", title="bench task", spec="make it so",
                 requirements=[Requirement(id="R1", text="it works"), Requirement(id="R2", text="it is fast")])
     apply(decide_create(None, t, None, default_escalation=3600))
-    apply([(PH, decide_claim(states[PH], node="node-a", worker="maker", lease_id=f"L-{PH}",
-                             lease_expires_at=exp, task_types=["implement"], projects=None))])
-    apply([(PH, decide_start(states[PH], lease_id=f"L-{PH}", worker="maker"))])
-    apply(decide_complete(states[PH], lease_id=f"L-{PH}", worker="maker", result={"ok": True, "lines": 42}))
+    maker = Holder(worker="maker", node="node-a", token_id="1", lease_id=f"L-{PH}")
+    apply([(PH, decide_claim(states[PH], Claim(holder=maker, lease_seconds=60), now))])
+    apply([(PH, decide_start(states[PH], maker))])
+    apply(decide_complete(states[PH], maker, {"ok": True, "lines": 42}))
     vid = f"V-{PH}"
-    apply([(vid, decide_claim(states[vid], node="node-b", worker="checker", lease_id=f"L-{vid}",
-                              lease_expires_at=exp, task_types=["verify"], projects=None))])
-    apply([(vid, decide_start(states[vid], lease_id=f"L-{vid}", worker="checker"))])
-    apply(decide_verifier_complete(
-        states[vid], states[PH], lease_id=f"L-{vid}", worker="checker", outcome="PASS",
-        verdicts=[RequirementVerdict(requirement_id="R1", verdict="PASS", reason="tests pass"),
-                  RequirementVerdict(requirement_id="R2", verdict="PASS", reason="fast enough")],
-        category=None, result=None, default_escalation=3600))
+    checker = Holder(worker="checker", node="node-b", token_id="2", lease_id=f"L-{vid}")
+    apply([(vid, decide_claim(states[vid], Claim(holder=checker, lease_seconds=60), now))])
+    apply([(vid, decide_start(states[vid], checker))])
+    apply(decide_verifier_complete(states[vid], states[PH], checker, Verdict(outcome="PASS", verdicts=[
+        RequirementVerdict(requirement_id="R1", verdict="PASS", reason="tests pass"),
+        RequirementVerdict(requirement_id="R2", verdict="PASS", reason="fast enough")])))
     apply([(PH, decide_collect(states[PH], by="producer"))])
     return out
 

@@ -38,7 +38,9 @@ _ID = re.compile(rb"\nid: ([0-9]+)\r")
 class Subscriber(asyncio.Protocol):
     """One SSE connection as a bare asyncio protocol: the cheapest client Python has."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: str = "/stream", token: str = TOKEN) -> None:
+        self.path = path
+        self.token = token
         self.ids: list[int] = []
         self.latencies: list[float] = []
         self.received: list[tuple[int, float]] = []
@@ -52,8 +54,8 @@ class Subscriber(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         transport.write(
-            f"GET /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
-            f"Authorization: Bearer {TOKEN}\r\n\r\n".encode()
+            f"GET {self.path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
+            f"Authorization: Bearer {self.token}\r\n\r\n".encode()
         )
 
     def data_received(self, data: bytes) -> None:

@@ -14,13 +14,14 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-from events import jobs as model
+from events.job import events as job_events
+from events.job import state as job_state
 from events.store import RecordedEvent
 
 NAME: Final = "jobs"
 SCHEMA_VERSION: Final = 1
 
-_state_decoder: Final = msgspec.json.Decoder(model.JobState)
+_state_decoder: Final = msgspec.json.Decoder(job_state.JobState)
 _encoder: Final = msgspec.json.Encoder()
 
 
@@ -37,22 +38,22 @@ def stream_of(job_id: str) -> str:
     return f"job:{job_id}"
 
 
-def decode_state(body: str | bytes) -> model.JobState:
+def decode_state(body: str | bytes) -> job_state.JobState:
     return _state_decoder.decode(body)
 
 
-async def load(conn: Reader, job_id: str) -> model.JobState | None:
+async def load(conn: Reader, job_id: str) -> job_state.JobState | None:
     row = await conn.fetchrow("SELECT body::text AS body FROM jobs WHERE id = $1", job_id)
     return None if row is None else decode_state(row["body"])
 
 
 def apply(
-    state: model.JobState | None, events: Sequence[model.AnyJobEvent], recorded: Sequence[RecordedEvent]
-) -> model.JobState:
+    state: job_state.JobState | None, events: Sequence[job_events.AnyJobEvent], recorded: Sequence[RecordedEvent]
+) -> job_state.JobState:
     """Evolve `state` by the events just appended and stamp the log position."""
     new = state is None
     for ev in events:
-        state = model.evolve(state, ev)
+        state = job_state.evolve(state, ev)
     assert state is not None
     if recorded:
         last = recorded[-1]
@@ -79,7 +80,7 @@ ON CONFLICT (name) DO UPDATE SET seq = GREATEST(projection_checkpoints.seq, EXCL
 """
 
 
-async def save(uow: Writer, state: model.JobState) -> None:
+async def save(uow: Writer, state: job_state.JobState) -> None:
     """Upsert the row for `state`, and the projection's checkpoint."""
     await uow.execute(
         _UPSERT,
@@ -98,7 +99,7 @@ async def save(uow: Writer, state: model.JobState) -> None:
     await uow.execute(_CHECKPOINT, NAME, SCHEMA_VERSION, state.seq)
 
 
-async def replay(conn: Reader, job_id: str, *, to_seq: int | None = None) -> model.JobState | None:
+async def replay(conn: Reader, job_id: str, *, to_seq: int | None = None) -> job_state.JobState | None:
     """The job folded from the log (up to `to_seq`), with its position stamped."""
     args: list[Any] = [stream_of(job_id)]
     extra = ""
@@ -110,9 +111,9 @@ async def replay(conn: Reader, job_id: str, *, to_seq: int | None = None) -> mod
         f"WHERE stream = $1{extra} ORDER BY stream_seq",
         *args,
     )
-    state: model.JobState | None = None
+    state: job_state.JobState | None = None
     for r in rows:
-        state = model.evolve(state, model.decode(r["type"], r["data"]))
+        state = job_state.evolve(state, job_events.decode(r["type"], r["data"]))
     if state is not None and rows:
         state = msgspec.structs.replace(
             state,
@@ -127,7 +128,7 @@ async def replay(conn: Reader, job_id: str, *, to_seq: int | None = None) -> mod
 # (added with the projection framework, projections/framework.py)
 
 
-async def save_rows(conn: Any, states: Sequence[model.JobState], *, table: str = "jobs") -> None:
+async def save_rows(conn: Any, states: Sequence[job_state.JobState], *, table: str = "jobs") -> None:
     """Upsert many rows into `table` (the live table, or a rebuild's shadow of it)."""
     if not states:
         return
@@ -144,7 +145,7 @@ class JobFold:
 
     def __init__(self, cache_max: int = 50_000) -> None:
         self.cache_max = cache_max
-        self.states: dict[str, model.JobState] = {}
+        self.states: dict[str, job_state.JobState] = {}
 
     def reset(self) -> None:
         self.states.clear()
@@ -163,7 +164,7 @@ class JobFold:
         for e in page:
             jid = e.stream[4:]
             prev = self.states.get(jid)
-            s = model.evolve(prev, model.decode(e.type, e.data))
+            s = job_state.evolve(prev, job_events.decode(e.type, e.data))
             s = msgspec.structs.replace(
                 s, version=e.stream_seq, seq=e.seq,
                 created_seq=e.seq if prev is None else prev.created_seq)

@@ -8,7 +8,6 @@ that queries filter and order on. Blockers are folded from `task.blocked`,
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import asyncpg
@@ -16,17 +15,10 @@ import msgspec
 
 from events import store
 from events.store import RecordedEvent
-from events.tasks import (
-    AnyTaskEvent,
-    TaskBlocked,
-    TaskCancelled,
-    TaskEvent,
-    TaskState,
-    TaskUnblocked,
-    Unmet,
-    decode_event,
-    evolve,
-)
+from events.task import events as task_events
+from events.task.events import CheckerReport, TaskBlocked, TaskCancelled, TaskEvent, TaskUnblocked, Unmet
+from events.task.rules import escalate_at
+from events.task.state import TaskState, evolve
 
 NAME = "tasks"
 VERSION = 1
@@ -50,6 +42,7 @@ class Blocker(msgspec.Struct, kw_only=True):
     resolution: str | None = None
     notes: str | None = None
     open: bool = True
+    reports: list[CheckerReport] = []
 
 
 _dec_blocker = msgspec.json.Decoder(Blocker)
@@ -64,7 +57,7 @@ def evolve_blocker(
             return Blocker(
                 id=ev.blocker_id, task_id=task.id, project=task.project, reason=ev.reason,
                 unmet_requirements=list(ev.unmet_requirements), category=ev.category,
-                attempt=ev.attempt, opened_seq=seq, opened_at=at,
+                attempt=ev.attempt, opened_seq=seq, opened_at=at, reports=list(ev.reports),
             )
         case TaskUnblocked() if b is not None and b.open:
             return msgspec.structs.replace(b, open=False, resolved_seq=seq, resolved_at=at,
@@ -75,15 +68,14 @@ def evolve_blocker(
     return None
 
 
-def escalate_at(s: TaskState) -> datetime | None:
-    if s.escalated or s.state not in ("pending", "round_review") or s.ready_at is None:
-        return None
-    if s.state == "pending" and s.is_parent:
-        return None
-    if not s.escalate_after_seconds:
-        return None
-    ready = datetime.fromisoformat(s.ready_at.replace("Z", "+00:00"))
-    return ready + timedelta(seconds=s.escalate_after_seconds)
+def fold_one(
+    s: TaskState | None, b: Blocker | None, ev: TaskEvent, *, seq: int, version: int, at: str
+) -> tuple[TaskState, Blocker | None]:
+    """The one fold of a task event into its task row and the blocker it touches
+    (`b`: the open blocker `s` names, if any). The command path and the rebuild
+    both fold through here."""
+    nb = evolve_blocker(b, s, ev, seq=seq, at=at) if s is not None else None
+    return evolve(s, ev, seq=seq, version=version, at=at), nb
 
 
 def created_seq(s: TaskState, known: dict[str, int]) -> int:
@@ -192,14 +184,27 @@ def blocker_view(b: Blocker) -> dict[str, Any]:
 
 
 # The view a client sees: the folded state, with the live lease deadline (which
-# heartbeats extend without an event) laid over it.
-VIEW_SQL = """
-SELECT CASE WHEN l.task_id IS NULL THEN t.body
-            ELSE jsonb_set(t.body, '{lease_expires_at}',
-                 to_jsonb(to_char(l.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
-       END::text AS body
+# heartbeats extend without an event) laid over it, and the lease id shown only
+# to the token that holds it. `view_sql(n)` takes the viewer's token id as
+# parameter $n (NULL for an admin, who sees every lease id).
+def view_sql(viewer: int) -> str:
+    return f"""
+SELECT (CASE WHEN ${viewer}::text IS NULL OR v.b->>'token_id' = ${viewer}::text OR v.b->'lease_id' = 'null'::jsonb
+             THEN v.b ELSE jsonb_set(v.b, '{{lease_id}}', 'null'::jsonb) END)::text AS body
 FROM tasks t LEFT JOIN task_leases l ON l.task_id = t.id
+CROSS JOIN LATERAL (SELECT CASE WHEN l.task_id IS NULL THEN t.body
+            ELSE jsonb_set(t.body, '{{lease_expires_at}}',
+                 to_jsonb(to_char(l.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+       END AS b) v
 """
+
+
+def visible_to(s: TaskState, viewer: str | None) -> TaskState:
+    """The view as `viewer` (a token id; None for an admin) may see it: a lease id
+    is shown only to its holder; everyone sees the holder's worker and node."""
+    if viewer is None or s.lease_id is None or (s.token_id is not None and s.token_id == viewer):
+        return s
+    return msgspec.structs.replace(s, lease_id=None)
 
 
 # ---------------------------------------------------------------- folding the log
@@ -209,21 +214,6 @@ FROM tasks t LEFT JOIN task_leases l ON l.task_id = t.id
 # over its stream; a blocker is `evolve_blocker` over the stream of its task,
 # given the task's state before each event. Rounds live inside the parent's
 # task row (`TaskState.rounds`), so they are folded with it.
-
-_event_decoders: dict[str, msgspec.json.Decoder[Any]] = {
-    str(cls.__struct_config__.tag): msgspec.json.Decoder(cls)
-    for cls in AnyTaskEvent.__args__
-}
-
-
-def decode_stored(type_: str, data: str | bytes) -> TaskEvent:
-    """A stored (type, data JSON) pair into its event Struct (as `decode_event`, without a dict)."""
-    dec = _event_decoders.get(type_)
-    if dec is None:
-        raise ValueError(f"unknown task event type {type_!r}")
-    ev: TaskEvent = dec.decode(data)
-    return ev
-
 
 class StoredEvent(Protocol):
     @property
@@ -258,17 +248,15 @@ def fold_page(
     changed_blockers: dict[str, None] = {}
     for e in page:
         tid = task_id_of(e.stream)
-        ev = decode_stored(e.type, e.data)
+        ev = task_events.decode(e.type, e.data)
         s = states.get(tid)
         if s is None:
             created[tid] = e.seq
-        elif blockers is not None:
-            b = blockers.get(s.blocker_id) if s.blocker_id is not None else None
-            nb = evolve_blocker(b, s, ev, seq=e.seq, at=e.recorded_at)
-            if nb is not None:
-                blockers[nb.id] = nb
-                changed_blockers[nb.id] = None
-        states[tid] = evolve(s, ev, seq=e.seq, version=e.stream_seq, at=e.recorded_at)
+        b = blockers.get(s.blocker_id) if blockers is not None and s is not None and s.blocker_id else None
+        states[tid], nb = fold_one(s, b, ev, seq=e.seq, version=e.stream_seq, at=e.recorded_at)
+        if nb is not None and blockers is not None:
+            blockers[nb.id] = nb
+            changed_blockers[nb.id] = None
         changed[tid] = None
     return list(changed), created, list(changed_blockers)
 
@@ -342,7 +330,7 @@ async def history(
     while True:
         batch = await store.read_stream(conn, f"task:{task_id}", since_stream_seq=since, to_seq=to_seq)
         for e in batch:
-            s = evolve(s, decode_event(e.type, e.data), seq=e.seq, version=e.stream_seq, at=e.recorded_at)
+            s = evolve(s, task_events.decode(e.type, e.data), seq=e.seq, version=e.stream_seq, at=e.recorded_at)
             out.append((e, s))
         if len(batch) < 1000:
             return out
@@ -356,7 +344,7 @@ async def state_as_of(conn: Any, task_id: str, as_of_seq: int) -> TaskState | No
     while True:
         batch = await store.read_stream(conn, f"task:{task_id}", since_stream_seq=since, to_seq=as_of_seq)
         for e in batch:
-            s = evolve(s, decode_event(e.type, e.data), seq=e.seq, version=e.stream_seq, at=e.recorded_at)
+            s = evolve(s, task_events.decode(e.type, e.data), seq=e.seq, version=e.stream_seq, at=e.recorded_at)
         if len(batch) < 1000:
             return s
         since = batch[-1].stream_seq

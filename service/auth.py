@@ -15,6 +15,8 @@ from litestar.exceptions import NotAuthorizedException, PermissionDeniedExceptio
 from litestar.handlers.base import BaseRouteHandler
 from litestar.middleware import AbstractAuthenticationMiddleware, AuthenticationResult
 
+from events.errors import AlreadyExists
+
 ROLES: Final = ("admin", "producer", "worker", "reviewer", "reader")
 
 
@@ -23,6 +25,7 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
     role: str
     node: str | None
     token_hash: str
+    token_id: str = ""  # str(tokens.id); "env-admin" for TASKLEDGER_ADMIN_TOKEN; "" for the service itself
 
     def meta(self) -> dict[str, Any]:
         return {"actor": self.name, "role": self.role, "node": self.node}
@@ -39,6 +42,13 @@ def new_token_secret() -> str:
 async def create_token(
     conn: asyncpg.Connection | asyncpg.Pool, *, role: str, name: str, node: str | None
 ) -> str:
+    if role == "worker" and node is not None:
+        # A worker is its token: one live worker name runs on one node.
+        other = await conn.fetchval(
+            "SELECT node FROM tokens WHERE name = $1 AND role = 'worker' AND revoked_at IS NULL "
+            "AND node IS DISTINCT FROM $2 LIMIT 1", name, node)
+        if other is not None:
+            raise AlreadyExists(f"a live worker token named {name!r} runs on node {other}", name=name)
     secret = new_token_secret()
     await conn.execute(
         "INSERT INTO tokens (name, role, node, token_hash) VALUES ($1, $2, $3, $4)",
@@ -60,18 +70,19 @@ class TokenStore:
     async def lookup(self, secret: str) -> Principal | None:
         h = hash_token(secret)
         if self._admin_hash is not None and hmac.compare_digest(h, self._admin_hash):
-            return Principal(name="admin", role="admin", node=None, token_hash=h)
+            return Principal(name="admin", role="admin", node=None, token_hash=h, token_id="env-admin")  # noqa: S106 (an id, not a secret)
         hit = self._cache.get(h)
         now = time.monotonic()
         if hit is not None and hit[0] > now:
             return hit[1]
         row = await self._pool.fetchrow(
-            "SELECT name, role, node FROM tokens WHERE token_hash = $1 AND revoked_at IS NULL", h
+            "SELECT id, name, role, node FROM tokens WHERE token_hash = $1 AND revoked_at IS NULL", h
         )
         if row is None:
             self._cache.pop(h, None)
             return None
-        p = Principal(name=row["name"], role=row["role"], node=row["node"], token_hash=h)
+        p = Principal(name=row["name"], role=row["role"], node=row["node"], token_hash=h,
+                      token_id=str(row["id"]))
         if len(self._cache) > 10_000:
             self._cache.clear()
         self._cache[h] = (now + self.TTL, p)

@@ -13,6 +13,7 @@ from typing import Any
 
 import asyncpg
 
+from service import server_limits
 from service.settings import Settings
 
 # Modules that add sub-commands: each has `register(subparsers)`.
@@ -64,6 +65,18 @@ async def _bootstrap_admin(url: str) -> str | None:
         await conn.close()
 
 
+def _limited(settings: Settings) -> Settings:
+    """Raise the open-files limit and fit the stream cap in it; the workers read the cap from the environment."""
+    soft, _hard = server_limits.raise_open_files_limit()
+    fitted = server_limits.fit_to_open_files(settings, soft)
+    if fitted.max_streams != settings.max_streams:
+        print(f"the open-files limit ({soft}) cannot hold {settings.max_streams} streams beside "
+              f"{settings.max_connections} other connections: serving at most {fitted.max_streams} streams per process",
+              file=sys.stderr, flush=True)
+    os.environ["TASKLEDGER_MAX_STREAMS"] = str(fitted.max_streams)
+    return fitted
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     url, handle = _database_url(args)
     applied = asyncio.run(_migrate(url))
@@ -75,8 +88,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"admin token (shown once): {token}", flush=True)
     os.environ["TASKLEDGER_DATABASE_URL"] = url
     os.environ["TASKLEDGER_MIGRATE_ON_START"] = "false"
-    settings = Settings.from_env(host=args.host, port=args.port, workers=args.workers)
-    print(f"taskledger serving on http://{settings.host}:{settings.port} ({args.server})",
+    settings = _limited(Settings.from_env(host=args.host, port=args.port, workers=args.workers))
+    print(f"taskledger serving on http://{settings.host}:{settings.port} ({args.server}; per process: "
+          f"{settings.max_streams} streams + {settings.max_connections} other connections)",
           file=sys.stderr, flush=True)
     try:
         if args.server == "uvicorn":
@@ -85,7 +99,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             uvicorn.run(
                 "service.asgi:app", host=settings.host, port=settings.port,
                 workers=settings.workers, lifespan="on", log_level="warning",
-                timeout_graceful_shutdown=5,
+                timeout_graceful_shutdown=5, **server_limits.uvicorn_options(settings),
             )
         else:
             from granian import Granian
@@ -94,7 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             Granian(
                 "service.asgi:app", address=settings.host, port=settings.port,
                 interface=Interfaces.ASGI, workers=settings.workers, log_enabled=False,
-                workers_kill_timeout=5,
+                workers_kill_timeout=5, **server_limits.granian_options(settings),
             ).serve()
     finally:
         del handle

@@ -189,7 +189,8 @@ async def _history_db(url: str, task_id: str) -> list[dict[str, Any]]:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from events.tasks import decode_event, evolve
+    from events.task.events import decode
+    from events.task.state import evolve
 
     handle = None
     if _wants_database(args):
@@ -206,7 +207,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     rows = []
     s = None
     for e in events:
-        s = evolve(s, decode_event(e["type"], e["data"]), seq=e["seq"], version=e["stream_seq"],
+        s = evolve(s, decode(e["type"], e["data"]), seq=e["seq"], version=e["stream_seq"],
                    at=e["recorded_at"])
         rows.append((e, s))
     if args.json:

@@ -1,4 +1,4 @@
-"""Job commands for the writer: read, decide (events.jobs), then append and project.
+"""Job commands for the writer: read, decide (events.job.rules), then append and project.
 
 Each factory returns an `async def fn(uow)` that refuses (raises a DomainError)
 before it writes anything, and returns the job's view after the command.
@@ -11,8 +11,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from events import jobs as model
+from events import lease
 from events.errors import AlreadyExists, JobNotFound
+from events.job import events as job_events
+from events.job import rules as job_rules
+from events.job import state as job_state
 from events.store import NewEvent
 from projections import jobs as projection
 from service.auth import Principal
@@ -35,10 +38,10 @@ SYSTEM_CTX = Ctx(
 )
 
 
-def view(state: model.JobState, now: float, lease_expires_at: datetime | None = None) -> View:
+def view(state: job_state.JobState, now: float, lease_expires_at: datetime | None = None) -> View:
     """The job's status (§4) plus the rest of the view and, while it runs, its lease."""
-    out = model.status(state, now)
-    if state.state in model.ACTIVE:
+    out = job_state.status(state, now)
+    if state.state in job_state.ACTIVE:
         out["lease_seconds"] = state.lease_seconds
         out["lease_expires_at"] = (
             lease_expires_at.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
@@ -54,7 +57,7 @@ def _ts(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, UTC)
 
 
-async def _load(uow: UnitOfWork, job_id: str) -> model.JobState:
+async def _load(uow: UnitOfWork, job_id: str) -> job_state.JobState:
     state = await projection.load(uow, job_id)
     if state is None:
         raise JobNotFound(f"job {job_id} does not exist", job_id=job_id)
@@ -62,14 +65,14 @@ async def _load(uow: UnitOfWork, job_id: str) -> model.JobState:
 
 
 async def _write(
-    uow: UnitOfWork, ctx: Ctx, state: model.JobState | None, job_id: str,
-    events: Sequence[model.AnyJobEvent],
-) -> model.JobState:
+    uow: UnitOfWork, ctx: Ctx, state: job_state.JobState | None, job_id: str,
+    events: Sequence[job_events.AnyJobEvent],
+) -> job_state.JobState:
     """Append `events` (refusing if the stream moved on) and upsert the view."""
     project = state.project if state is not None else getattr(events[0], "project", None)
     recorded = await uow.append(
         projection.stream_of(job_id),
-        [NewEvent(type=model.event_type(e), data=model.payload(e)) for e in events],
+        [NewEvent(type=job_events.event_type(e), data=job_events.payload(e)) for e in events],
         expected_version=state.version if state is not None else 0,
         meta=ctx.meta(project=project),
     )
@@ -78,9 +81,9 @@ async def _write(
     return new
 
 
-def create(ctx: Ctx, cmd: model.CreateJob) -> JobCommand:
+def create(ctx: Ctx, cmd: job_rules.CreateJob) -> JobCommand:
     async def fn(uow: UnitOfWork) -> View:
-        events = model.decide_create(cmd, _now(uow))
+        events = job_rules.decide_create(cmd, _now(uow))
         if await uow.fetchval("SELECT 1 FROM jobs WHERE id = $1", cmd.job_id):
             raise AlreadyExists(f"job {cmd.job_id} already exists", job_id=cmd.job_id)
         state = await _write(uow, ctx, None, cmd.job_id, events)
@@ -115,8 +118,8 @@ def claim(ctx: Ctx, *, lease_seconds: int, projects: Sequence[str] | None) -> Ca
             return None
         state = projection.decode_state(row["body"])
         lease_id = uuid.uuid4().hex
-        events = model.decide_claim(
-            state, model.Claim(node=node, worker=worker, lease_id=lease_id, lease_seconds=lease_seconds),
+        events = job_rules.decide_claim(
+            state, job_rules.Claim(node=node, worker=worker, lease_id=lease_id, lease_seconds=lease_seconds),
             _now(uow),
         )
         new = await _write(uow, ctx, state, state.job_id, events)
@@ -134,12 +137,12 @@ def claim(ctx: Ctx, *, lease_seconds: int, projects: Sequence[str] | None) -> Ca
     return fn
 
 
-async def _settle_lease(uow: UnitOfWork, state: model.JobState) -> datetime | None:
+async def _settle_lease(uow: UnitOfWork, state: job_state.JobState) -> datetime | None:
     """After a command: drop the lease of an ended job, or push a live one out."""
     if state.terminal:
         await uow.execute("DELETE FROM job_leases WHERE job_id = $1", state.job_id)
         return None
-    if state.state in model.ACTIVE:
+    if state.state in job_state.ACTIVE:
         expires = _ts(_now(uow) + (state.lease_seconds or 60))
         await uow.execute(
             "UPDATE job_leases SET expires_at = $2, last_report_at = $3 WHERE job_id = $1",
@@ -149,12 +152,12 @@ async def _settle_lease(uow: UnitOfWork, state: model.JobState) -> datetime | No
     return None
 
 
-def report(ctx: Ctx, job_id: str, r: model.Report, lease_id: str | None) -> JobCommand:
-    holder = model.Holder(node=ctx.principal.node, worker=ctx.principal.name, lease_id=lease_id)
+def report(ctx: Ctx, job_id: str, r: job_rules.Report, lease_id: str | None) -> JobCommand:
+    holder = lease.Holder(node=ctx.principal.node, worker=ctx.principal.name, lease_id=lease_id)
 
     async def fn(uow: UnitOfWork) -> View:
         state = await _load(uow, job_id)
-        events = model.decide_report(state, holder, r, _now(uow))
+        events = job_rules.decide_report(state, holder, r, _now(uow))
         if events:
             state = await _write(uow, ctx, state, job_id, events)
         expires = await _settle_lease(uow, state)
@@ -166,7 +169,7 @@ def report(ctx: Ctx, job_id: str, r: model.Report, lease_id: str | None) -> JobC
 def cancel(ctx: Ctx, job_id: str) -> JobCommand:
     async def fn(uow: UnitOfWork) -> View:
         state = await _load(uow, job_id)
-        events = model.decide_cancel(state, _now(uow))
+        events = job_rules.decide_cancel(state, _now(uow))
         if events:
             state = await _write(uow, ctx, state, job_id, events)
             if state.terminal:
@@ -189,7 +192,7 @@ def expire_lease(job_id: str, ctx: Ctx = SYSTEM_CTX) -> Callable[[UnitOfWork], A
         if state is None:
             await uow.execute("DELETE FROM job_leases WHERE job_id = $1", job_id)
             return None
-        events = model.decide_lease_expired(state, _now(uow), lease["expires_at"].timestamp())
+        events = job_rules.decide_lease_expired(state, _now(uow), lease["expires_at"].timestamp())
         if events:
             state = await _write(uow, ctx, state, job_id, events)
         await uow.execute("DELETE FROM job_leases WHERE job_id = $1", job_id)

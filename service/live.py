@@ -54,7 +54,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, Callable, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import asyncpg
 
@@ -70,6 +70,9 @@ APPLICATION_NAME: Final = "taskledger-tailer"
 # the SSE message with `id: <seq>`, encoded once by the tailer for all global-feed
 # subscribers (None on rows read for catch-up).
 Row = tuple[int, int, str, str, str | None, str | None, bytes | None]
+
+Refusal = Literal["capacity", "token"]
+"""Why a stream is refused: the process holds `max_streams`, or the token its own cap."""
 
 
 def frame(seq_or_stream_seq: int, type_: str, data: str) -> str:
@@ -88,7 +91,7 @@ class Stoppable(Protocol):
 class Filter:
     """The contract's feed filters: `types` (exact, or prefix when ending in '.'), stream, project."""
 
-    __slots__ = ("exact", "prefixes", "project", "stream", "types")
+    __slots__ = ("exact", "key", "prefixes", "project", "stream", "types")
 
     def __init__(self, types: Sequence[str] = (), stream: str | None = None,
                  project: str | None = None) -> None:
@@ -97,6 +100,7 @@ class Filter:
         self.prefixes = tuple(t for t in types if t.endswith("."))
         self.stream = stream
         self.project = project
+        self.key = (self.types, stream, project)
 
     @property
     def everything(self) -> bool:
@@ -153,6 +157,8 @@ class Hub:
         queue_max: int = 1000,
         page: int = 1000,
         catchup_page: int = 2000,
+        max_streams: int = 10_000,
+        wake_slice: int = 200,
         metrics: Metrics | None = None,
     ) -> None:
         self._dsn = dsn
@@ -166,6 +172,9 @@ class Hub:
         self.known_head = 0
         self.connected = False
         self._subs: set[Subscription] = set()
+        self.max_streams = max_streams
+        self.wake_slice = wake_slice
+        self.open_streams = 0
         self._streams: Counter[str] = Counter()
         self._drained = asyncio.Event()
         self._wake = asyncio.Event()
@@ -212,15 +221,27 @@ class Hub:
         self.known_head = max(self.known_head, head)
         self._wake.set()
 
-    # -- per-token stream cap ----------------------------------------------
+    # -- stream admission: the process's cap and the per-token cap --------
 
-    def acquire_stream(self, key: str, limit: int) -> bool:
-        if self._streams[key] >= limit:
-            return False
+    def refusal(self, key: str, per_token: int) -> Refusal | None:
+        """Why a new stream for `key` would be refused now (None: it would be admitted)."""
+        if self.open_streams >= self.max_streams:
+            return "capacity"
+        if self._streams[key] >= per_token:
+            return "token"
+        return None
+
+    def acquire_stream(self, key: str, per_token: int) -> Refusal | None:
+        """Take a stream slot for `key`, or answer why not. Never awaits."""
+        why = self.refusal(key, per_token)
+        if why is not None:
+            return why
         self._streams[key] += 1
-        return True
+        self.open_streams += 1
+        return None
 
     def release_stream(self, key: str) -> None:
+        self.open_streams -= 1
         self._streams[key] -= 1
         if self._streams[key] <= 0:
             del self._streams[key]
@@ -239,11 +260,22 @@ class Hub:
 
     def register_metrics(self, metrics: Metrics) -> None:
         metrics.gauge("sse_subscribers", lambda: self.subscribers)
+        metrics.gauge("sse_streams_open", lambda: self.open_streams)
+        metrics.gauge("sse_streams_max", lambda: self.max_streams)
+        for why in ("capacity", "token"):  # shown from the start, not from the first refusal
+            metrics.inc(f'sse_streams_refused_total{{reason="{why}"}}', 0)
+        metrics.inc("sse_send_timeouts_total", 0)
         metrics.gauge("sse_tailer_lag_events", lambda: self.lag)
         metrics.gauge("sse_tailer_cursor", lambda: self.cursor)
         metrics.gauge("sse_tailer_connected", lambda: int(self.connected))
         metrics.gauge("sse_tailer_idle_seconds",
                       lambda: round(time.monotonic() - self._last_advance, 3) if self.lag else 0.0)
+
+    def count_refusal(self, why: Refusal) -> None:
+        self._inc(f'sse_streams_refused_total{{reason="{why}"}}')
+
+    def count(self, name: str) -> None:
+        self._inc(name)
 
     def _inc(self, name: str, by: int = 1) -> None:
         if self._metrics is not None:
@@ -330,11 +362,21 @@ class Hub:
     def _publish(self, rows: list[Row]) -> None:
         """Hand a page to every subscriber. Never awaits, never blocks."""
         qmax = self.queue_max
+        # Subscribers mostly share a few filters (a dashboard's, a project's): each
+        # distinct filter is applied to the page once, not once per subscriber.
+        matches: dict[tuple[Any, ...], list[Row]] = {}
+        woken: list[Subscription] = []
         for sub in self._subs:
             if sub.detached:
                 continue
             flt = sub.filter
-            matched = rows if flt.everything else [r for r in rows if flt.matches(r)]
+            if flt.everything:
+                matched = rows
+            else:
+                found = matches.get(flt.key)
+                if found is None:
+                    found = matches[flt.key] = [r for r in rows if flt.matches(r)]
+                matched = found
             if not matched:
                 continue
             if len(sub.items) + len(matched) > qmax:
@@ -343,7 +385,24 @@ class Hub:
                 self._inc("sse_subscriber_overflows_total")
             else:
                 sub.items.extend(matched)
+            woken.append(sub)
+        self._wake_slices(woken, 0)
+
+    def _wake_slices(self, subs: list[Subscription], first: int) -> None:
+        """Wake `subs` a slice per event-loop turn, not all at once.
+
+        Every subscriber woken in one turn sends before the loop looks at its
+        sockets again: with ten thousand streams one event would hold every other
+        request of this process for the whole fan-out. A slice at a time, a
+        request waits for one slice at most. Only wake-ups are deferred: the
+        items are already queued, and a subscriber checks its queue before it
+        waits, so the handoff above is unchanged.
+        """
+        end = first + self.wake_slice
+        for sub in subs[first:end]:
             sub.wake.set()
+        if end < len(subs):
+            asyncio.get_running_loop().call_soon(self._wake_slices, subs, end)
 
     # -- subscribers -------------------------------------------------------
 

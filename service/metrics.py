@@ -54,8 +54,13 @@ class Metrics:
             out.append(f'taskledger_http_requests_total{{method="{m}",route="{r}",status="{s}"}} {n}')
         _hist(out, "taskledger_http_request_seconds", "HTTP request latency.", self.request_seconds)
         _hist(out, "taskledger_writer_batch_size", "Commands per committed batch.", self.batch_size)
+        typed: set[str] = set()
         for name, n in sorted(self.counters.items()):
-            out.append(f"# TYPE taskledger_{name} counter")
+            # A counter name may carry its labels: `name{reason="x"}` (one TYPE line per name).
+            base = name.split("{", 1)[0]
+            if base not in typed:
+                typed.add(base)
+                out.append(f"# TYPE taskledger_{base} counter")
             out.append(f"taskledger_{name} {n}")
         for name, fn in sorted(self.gauges.items()):
             try:

@@ -29,6 +29,14 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     sse_queue_max: int = 1000
     max_streams_per_token: int = 64
     stream_token_ttl_seconds: int = 300
+    # Capacity of one server process (README "Configuration", service.server_limits):
+    # open SSE streams and ordinary requests get separate budgets.
+    max_streams: int = 10_000
+    max_connections: int = 1024
+    keep_alive_seconds: float = 5.0
+    backlog: int = 4096
+    sse_send_timeout_seconds: float = 30.0
+    stream_retry_after_seconds: int = 5
     webhook_poll_seconds: float = 1.0  # how soon another replica's events are delivered
     webhook_timeout_seconds: float = 10.0
     webhook_retry_base_seconds: float = 1.0  # a failed delivery is retried after 1, 2, 4, ... s

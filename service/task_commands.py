@@ -2,50 +2,47 @@
 
 Each public function here is a writer command (it runs inside a batch
 transaction through a UnitOfWork) and returns the view(s) after the command.
-Rules that span tasks (a verifier's verdict deciding its maker, a sub-task
-closing its parent's round, a cancelled parent cancelling its sub-tasks) run in
-`_settle`, in the same transaction as the change that triggered them.
+Nothing here decides: the rules are in `events.task`; the rules that span tasks
+are the reactions of `events.task.reactions.REACTIONS`, which `Session.settle`
+runs in the same transaction as the change that triggered them.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timedelta
-from typing import Any, Literal
+from datetime import datetime
+from typing import Any
+
+import msgspec
 
 from events.canonical import format_ts
 from events.errors import Forbidden, InvalidTransition, LeaseMismatch, TaskNotFound, ValidationFailed
+from events.lease import Holder
 from events.store import NewEvent
-from events.tasks import (
-    CANCELLABLE,
-    TERMINAL_FOR_ROUND,
-    Category,
+from events.task import events as codec
+from events.task.events import TaskType, UnblockAction
+from events.task.panel import Verdict, decide_complete, decide_unblock, decide_verifier_complete
+from events.task.reactions import REACTIONS, Around, Reaction, children_of
+from events.task.rounds import Review, decide_round_review, in_round
+from events.task.rules import (
     Changes,
+    Claim,
     NewTask,
-    Outcome,
-    RequirementVerdict,
-    TaskCancelled,
-    TaskState,
     check_heartbeat,
     decide_cancel,
     decide_claim,
     decide_collect,
-    decide_complete,
     decide_create,
     decide_escalate,
     decide_fail,
     decide_lease_expired,
-    decide_round_check,
-    decide_round_review,
+    decide_reassign,
+    decide_release,
     decide_start,
-    decide_unblock,
-    decide_verifier_complete,
-    event_data,
-    event_type,
-    evolve,
-    synthesized_blocked_verdict,
+    refuse_expired_lease,
 )
+from events.task.state import TaskState
 from projections import tasks as views
 from service.commands import Ctx
 from service.writer import Batch, UnitOfWork
@@ -100,6 +97,14 @@ async def prefetch_tasks(batch: Batch, ids: list[str]) -> None:
         expiry[i] = r["expires_at"] if r is not None else None
 
 
+def holder(ctx: Ctx, lease_id: str | None = None) -> Holder:
+    """The caller as a lease holder: its token, its name, its node."""
+    p = ctx.principal
+    if p.node is None:
+        raise Forbidden("claiming and reporting work needs a worker token bound to a node")
+    return Holder(worker=p.name, node=p.node, token_id=p.token_id or None, lease_id=lease_id)
+
+
 class Session:
     """The task states a command works with. They live in the batch's cache, so
     a command sees what earlier commands of the same batch did; changed views
@@ -112,11 +117,9 @@ class Session:
         self._pending = _pending(uow.batch)
 
     async def get(self, task_id: str) -> TaskState | None:
-        if task_id in self.states:
-            return self.states[task_id]
-        s = await views.load_one(self.uow.conn, task_id)
-        self.states[task_id] = s
-        return s
+        if task_id not in self.states:
+            self.states[task_id] = await views.load_one(self.uow.conn, task_id)
+        return self.states[task_id]
 
     async def need(self, task_id: str) -> TaskState:
         s = await self.get(task_id)
@@ -124,10 +127,31 @@ class Session:
             raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
         return s
 
+    async def many(self, ids: Sequence[str]) -> list[TaskState]:
+        missing = [i for i in ids if i not in self.states]
+        if missing:
+            found = await views.load(self.uow.conn, missing)
+            for i in missing:
+                self.states[i] = found.get(i)
+        return [s for i in ids if (s := self.states[i]) is not None]
+
     def state(self, task_id: str) -> TaskState:
         s = self.states[task_id]
         assert s is not None
         return s
+
+    def adopt(self, s: TaskState) -> TaskState:
+        """A state read by a query: the batch's own copy wins, if it has one."""
+        s = self.states.get(s.id) or s
+        self.states[s.id] = s
+        return s
+
+    async def lease_expiry(self, task_id: str) -> datetime | None:
+        known = self.uow.batch.kind("lease_expiry")
+        if task_id not in known:
+            known[task_id] = await self.uow.fetchval("SELECT expires_at FROM task_leases WHERE task_id = $1", task_id)
+        expires: datetime | None = known[task_id]
+        return expires
 
     async def apply(self, changes: Changes) -> list[str]:
         """Append each (task, events) group, fold it, and buffer the changed views."""
@@ -141,28 +165,19 @@ class Session:
             project = s.project if s is not None else getattr(events[0], "project", None)
             recorded = await self.uow.append(
                 f"task:{task_id}",
-                [NewEvent(type=event_type(e), data=event_data(e)) for e in events],
+                [NewEvent(type=codec.event_type(e), data=codec.payload(e)) for e in events],
                 expected_version=s.version if s is not None else 0,
                 meta=self.ctx.meta(project=project),
             )
             for ev, rec in zip(events, recorded, strict=True):
-                if s is not None:
-                    b = None
-                    if s.blocker_id is not None:
-                        bid = s.blocker_id
-                        b = pending.blockers.get(bid)
-                        if b is None:
-                            await self.uow.flush()
-                            b = (await views.load_blockers(self.uow.conn, [bid])).get(bid)
-                    nb = views.evolve_blocker(b, s, ev, seq=rec.seq, at=rec.recorded_at)
-                    if nb is not None:
-                        pending.blockers[nb.id] = nb
-                else:
+                if s is None:
                     pending.created[task_id] = rec.seq
-                s = evolve(s, ev, seq=rec.seq, version=rec.stream_seq, at=rec.recorded_at)
+                b = await self._blocker(s.blocker_id) if s is not None and s.blocker_id else None
+                s, nb = views.fold_one(s, b, ev, seq=rec.seq, version=rec.stream_seq, at=rec.recorded_at)
+                if nb is not None:
+                    pending.blockers[nb.id] = nb
             assert s is not None
-            self.states[task_id] = s
-            pending.views[task_id] = s
+            self.states[task_id] = pending.views[task_id] = s
             if before is not None and before.lease_id is not None and s.lease_id is None:
                 pending.leases_gone.add(task_id)
                 self.uow.batch.kind("lease_expiry")[task_id] = None
@@ -170,73 +185,56 @@ class Session:
                 touched.append(task_id)
         return touched
 
+    async def _blocker(self, bid: str) -> views.Blocker | None:
+        b = self._pending.blockers.get(bid)
+        if b is None:
+            await self.uow.flush()
+            b = (await views.load_blockers(self.uow.conn, [bid])).get(bid)
+        return b
+
     async def apply_and_settle(self, changes: Changes) -> list[str]:
         touched = await self.apply(changes)
-        await self._settle(touched)
+        await self.settle(touched)
         return touched
 
-    async def _settle(self, touched: Sequence[str]) -> None:
+    async def settle(self, touched: Sequence[str]) -> None:
+        """Run the reactions for every changed task until nothing more follows."""
         queue = list(touched)
-        guard = 0
-        while queue:
-            guard += 1
-            if guard > 10_000:
-                raise RuntimeError("task rules did not settle")
-            tid = queue.pop(0)
-            s = self.state(tid)
-            changes: Changes = []
-            if s.task_type == "verify" and s.parent_task_id and s.state in ("deadletter", "cancelled"):
-                maker = await self.get(s.parent_task_id)
-                if maker is not None:
-                    changes += synthesized_blocked_verdict(
-                        s, maker, f"verifier {s.id} is {s.state}")
-            if s.task_type != "verify" and s.state == "cancelled":
-                changes += await self._cascade_cancel(s)
-            if s.task_type != "verify" and s.parent_task_id and s.state in TERMINAL_FOR_ROUND:
-                parent = await self.get(s.parent_task_id)
-                if parent is not None and parent.is_parent and parent.state == "in_progress":
-                    rows = await self.uow.fetch(
-                        "SELECT id, state FROM tasks WHERE parent_task_id = $1 AND subtask_round = $2 "
-                        "AND task_type <> 'verify'",
-                        parent.id, parent.round or 1,
-                    )
-                    sts = [cached.state if (cached := self.states.get(r["id"])) is not None else r["state"]
-                           for r in rows]
-                    ev = decide_round_check(parent, sts)
-                    if ev:
-                        changes.append((parent.id, list(ev)))
-            if changes:
-                queue.extend(await self.apply(changes))
+        for _ in range(10_000):
+            if not queue:
+                return
+            s = self.state(queue.pop(0))
+            for reaction in REACTIONS:
+                if reaction.when(s):
+                    changes = reaction.react(s, await self.around(s, reaction))
+                    if changes:
+                        queue.extend(await self.apply(changes))
+                        s = self.state(s.id)
+        raise RuntimeError("task reactions did not settle")
 
-    async def _cascade_cancel(self, s: TaskState) -> Changes:
-        out: Changes = []
-        ids: list[str] = list(s.verifier_task_ids)
-        if s.is_parent:
-            rows = await self.uow.fetch(
-                "SELECT id FROM tasks WHERE parent_task_id = $1 AND task_type <> 'verify'", s.id)
-            ids += [r["id"] for r in rows]
-        for cid in ids:
-            c = await self.get(cid)
-            if c is None or c.state not in CANCELLABLE:
-                continue
-            out.append((cid, [TaskCancelled(reason=f"{s.id} was cancelled", by=self.ctx.principal.name)]))
-        return out
+    async def around(self, s: TaskState, reaction: Reaction) -> Around:
+        """Load the neighbours a reaction needs."""
+        if reaction.needs == "children":
+            ids = list(s.verifier_task_ids)
+            if s.is_parent:
+                ids += [r["id"] for r in await self.uow.fetch(
+                    "SELECT id FROM tasks WHERE parent_task_id = $1 AND task_type <> 'verify'", s.id)]
+            return Around(others=children_of(s, await self.many(ids)))
+        parent = await self.get(s.parent_task_id) if s.parent_task_id else None
+        if reaction.needs == "parent" or parent is None:
+            return Around(parent=parent)
+        return Around(parent=parent, others=await self.round_of(parent))
 
-
-def _worker_node(ctx: Ctx) -> tuple[str, str]:
-    p = ctx.principal
-    if p.node is None:
-        raise Forbidden("claiming and reporting work needs a worker token bound to a node")
-    return p.name, p.node
+    async def round_of(self, parent: TaskState) -> list[TaskState]:
+        rows = await self.uow.fetch(
+            "SELECT id FROM tasks WHERE parent_task_id = $1 AND subtask_round = $2 AND task_type <> 'verify'",
+            parent.id, parent.round or 1)
+        known = [i for i, t in self.states.items() if t is not None and t.parent_task_id == parent.id]
+        return in_round(parent, await self.many(list(dict.fromkeys([*(r["id"] for r in rows), *known]))))
 
 
 async def create(uow: UnitOfWork, ctx: Ctx, t: NewTask, *, default_escalation: int) -> TaskState:
-    ses = Session(uow, ctx)
-    existing = await ses.get(t.id)
-    parent = await ses.get(t.parent_task_id) if t.parent_task_id else None
-    changes = decide_create(existing, t, parent, default_escalation=default_escalation)
-    await ses.apply_and_settle(changes)
-    return ses.state(t.id)
+    return (await create_many(uow, ctx, [t], default_escalation=default_escalation))[0]
 
 
 async def create_many(
@@ -275,137 +273,129 @@ async def anything_to_claim(
     place in a write batch. A task that appears just after this read is found
     by the worker's next poll; the claim itself always decides in the writer.
     """
-    worker, node = _worker_node(ctx)
+    who = holder(ctx)
     row = await pool.fetchval(
         _CLAIM_SQL.replace("SELECT body::text AS body", "SELECT 1").replace("LIMIT 16", "LIMIT 1"),
-        list(task_types), list(projects) if projects is not None else None, worker, node,
+        list(task_types), list(projects) if projects is not None else None, who.worker, who.node,
     )
     return row is not None
 
 
 async def claim(
-    uow: UnitOfWork, ctx: Ctx, *, task_types: Sequence[str], projects: Sequence[str] | None,
+    uow: UnitOfWork, ctx: Ctx, *, task_types: Sequence[TaskType], projects: Sequence[str] | None,
     lease_seconds: int,
 ) -> TaskState | None:
-    worker, node = _worker_node(ctx)
+    who = holder(ctx, "L-" + uuid.uuid4().hex)
     rows = await uow.fetch(_CLAIM_SQL, list(task_types), list(projects) if projects is not None else None,
-                           worker, node)
+                           who.worker, who.node)
     ses = Session(uow, ctx)
-    expires = uow.now + timedelta(seconds=lease_seconds)
+    cmd = Claim(holder=who, lease_seconds=lease_seconds, task_types=task_types, projects=projects)
     for r in rows:
-        s = views.decode_state(r["body"])
-        s = ses.states.get(s.id) or s
+        s = ses.adopt(views.decode_state(r["body"]))
         try:
-            events = decide_claim(
-                s, node=node, worker=worker, lease_id="L-" + uuid.uuid4().hex,
-                lease_expires_at=format_ts(expires), task_types=task_types, projects=projects,
-            )
+            events = decide_claim(s, cmd, uow.now)
         except InvalidTransition:
             continue
-        ses.states[s.id] = s
-        await ses.apply([(s.id, list(events))])
+        await ses.apply([(s.id, events)])
         claimed = ses.state(s.id)
+        expires = datetime.fromisoformat((claimed.lease_expires_at or "").replace("Z", "+00:00"))
         await uow.execute(
-            """INSERT INTO task_leases (task_id, lease_id, worker, node, lease_seconds, expires_at)
-               VALUES ($1, $2, $3, $4, $5, $6)
+            """INSERT INTO task_leases (task_id, lease_id, worker, node, token_id, lease_seconds, expires_at)
+               VALUES ($1, $2, $3, $4, $5, $6, $7)
                ON CONFLICT (task_id) DO UPDATE SET lease_id = EXCLUDED.lease_id, worker = EXCLUDED.worker,
-                   node = EXCLUDED.node, lease_seconds = EXCLUDED.lease_seconds,
+                   node = EXCLUDED.node, token_id = EXCLUDED.token_id, lease_seconds = EXCLUDED.lease_seconds,
                    expires_at = EXCLUDED.expires_at""",
-            s.id, claimed.lease_id, worker, node, lease_seconds, expires,
+            s.id, claimed.lease_id, who.worker, who.node, who.token_id, lease_seconds, expires,
         )
         uow.batch.kind("lease_expiry")[s.id] = expires
         return claimed
     return None
 
 
-async def start(uow: UnitOfWork, ctx: Ctx, task_id: str, *, lease_id: str) -> TaskState:
-    worker, _ = _worker_node(ctx)
-    ses = Session(uow, ctx)
+async def _leased(ses: Session, task_id: str, who: Holder) -> TaskState:
     s = await ses.need(task_id)
-    await _check_live_lease(uow, s, lease_id)
-    await ses.apply([(task_id, list(decide_start(s, lease_id=lease_id, worker=worker)))])
+    refuse_expired_lease(s, who, await ses.lease_expiry(task_id), ses.uow.now)
+    return s
+
+
+async def start(uow: UnitOfWork, ctx: Ctx, task_id: str, *, lease_id: str) -> TaskState:
+    ses, who = Session(uow, ctx), holder(ctx, lease_id)
+    s = await _leased(ses, task_id, who)
+    await ses.apply([(task_id, decide_start(s, who))])
     return ses.state(task_id)
 
 
-async def _check_live_lease(uow: UnitOfWork, s: TaskState, lease_id: str) -> None:
-    """A lease past its deadline no longer holds the task, even before the sweeper runs."""
-    if s.lease_id is None or s.lease_id != lease_id:
-        return  # the pure rule reports the mismatch
-    known = uow.batch.kind("lease_expiry")
-    if s.id in known:
-        expires = known[s.id]
-    else:
-        expires = await uow.fetchval("SELECT expires_at FROM task_leases WHERE task_id = $1", s.id)
-    if expires is not None and expires < uow.now:
-        raise LeaseMismatch(f"the lease on task {s.id} has expired", task_id=s.id)
-
-
 async def complete(
-    uow: UnitOfWork, ctx: Ctx, task_id: str, *, lease_id: str, result: Any, outcome: Outcome | None,
-    verdicts: Sequence[RequirementVerdict], category: Category | None, default_escalation: int,
+    uow: UnitOfWork, ctx: Ctx, task_id: str, *, lease_id: str, result: Any, verdict: Verdict | None,
 ) -> TaskState:
-    worker, _ = _worker_node(ctx)
-    ses = Session(uow, ctx)
-    s = await ses.need(task_id)
-    await _check_live_lease(uow, s, lease_id)
+    ses, who = Session(uow, ctx), holder(ctx, lease_id)
+    s = await _leased(ses, task_id, who)
     if s.task_type == "verify":
-        if outcome is None:
+        if verdict is None:
             raise ValidationFailed("completing a verify task needs an outcome (PASS, FAIL or BLOCKED)")
         maker = await ses.get(s.parent_task_id) if s.parent_task_id else None
-        changes = decide_verifier_complete(
-            s, maker, lease_id=lease_id, worker=worker, outcome=outcome, verdicts=verdicts,
-            category=category, result=result, default_escalation=default_escalation,
-        )
+        changes = decide_verifier_complete(s, maker, who, msgspec.structs.replace(verdict, result=result))
     else:
-        if outcome is not None or verdicts or category is not None:
+        if verdict is not None:
             raise ValidationFailed("outcome, verdicts and category are for verify tasks")
-        changes = decide_complete(s, lease_id=lease_id, worker=worker, result=result)
+        changes = decide_complete(s, who, result)
     await ses.apply_and_settle(changes)
     return ses.state(task_id)
 
 
 async def fail(uow: UnitOfWork, ctx: Ctx, task_id: str, *, lease_id: str, error: str) -> TaskState:
-    worker, _ = _worker_node(ctx)
-    ses = Session(uow, ctx)
-    s = await ses.need(task_id)
-    await _check_live_lease(uow, s, lease_id)
-    await ses.apply_and_settle([(task_id, list(decide_fail(s, lease_id=lease_id, worker=worker, error=error)))])
+    ses, who = Session(uow, ctx), holder(ctx, lease_id)
+    s = await _leased(ses, task_id, who)
+    await ses.apply_and_settle([(task_id, decide_fail(s, who, error))])
+    return ses.state(task_id)
+
+
+async def release(uow: UnitOfWork, ctx: Ctx, task_id: str, *, lease_id: str, reason: str) -> TaskState:
+    ses, who = Session(uow, ctx), holder(ctx, lease_id)
+    s = await _leased(ses, task_id, who)
+    await ses.apply_and_settle([(task_id, decide_release(s, who, reason))])
     return ses.state(task_id)
 
 
 async def heartbeat(pool: Any, ctx: Ctx, task_id: str, *, lease_id: str, lease_seconds: int | None) -> TaskState:
     """Extends the lease without an event (a heartbeat changes no state)."""
-    worker, _ = _worker_node(ctx)
+    who = holder(ctx, lease_id)
     row = await pool.fetchrow(
         """UPDATE task_leases SET expires_at = clock_timestamp()
                                   + make_interval(secs => coalesce($4, lease_seconds))
-           WHERE task_id = $1 AND lease_id = $2 AND worker = $3 AND expires_at > clock_timestamp()
+           WHERE task_id = $1 AND lease_id = $2 AND worker = $3 AND node IS NOT DISTINCT FROM $5
+             AND (token_id IS NULL OR token_id = $6) AND expires_at > clock_timestamp()
            RETURNING expires_at""",
-        task_id, lease_id, worker, lease_seconds,
+        task_id, lease_id, who.worker, lease_seconds, who.node, who.token_id,
     )
     s = await views.load_one(pool, task_id)
     if s is None:
         raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
     if row is None:
-        check_heartbeat(s, lease_id=lease_id, worker=worker)
+        check_heartbeat(s, who)
         raise LeaseMismatch(f"the lease on task {task_id} has expired", task_id=task_id)
-    s.lease_expires_at = format_ts(row["expires_at"])
-    return s
+    return msgspec.structs.replace(s, lease_expires_at=format_ts(row["expires_at"]))
 
 
 async def cancel(uow: UnitOfWork, ctx: Ctx, task_id: str, *, reason: str) -> TaskState:
     ses = Session(uow, ctx)
     s = await ses.need(task_id)
-    await ses.apply_and_settle([(task_id, list(decide_cancel(s, reason=reason, by=ctx.principal.name)))])
+    await ses.apply_and_settle([(task_id, decide_cancel(s, reason, ctx.principal.name))])
     return ses.state(task_id)
 
 
-async def unblock(
-    uow: UnitOfWork, ctx: Ctx, task_id: str, *, action: Literal["retry", "reverify"], notes: str | None
-) -> TaskState:
+async def reassign(uow: UnitOfWork, ctx: Ctx, task_id: str, *, assignee: str | None) -> TaskState:
     ses = Session(uow, ctx)
     s = await ses.need(task_id)
-    await ses.apply_and_settle(decide_unblock(s, action=action, notes=notes))
+    await ses.apply_and_settle([(task_id, decide_reassign(s, assignee, ctx.principal.name))])
+    return ses.state(task_id)
+
+
+async def unblock(uow: UnitOfWork, ctx: Ctx, task_id: str, *, action: UnblockAction, notes: str | None) -> TaskState:
+    ses = Session(uow, ctx)
+    s = await ses.need(task_id)
+    parent = await ses.get(s.parent_task_id) if s.parent_task_id else None
+    await ses.apply_and_settle(decide_unblock(s, action, notes, parent))
     return ses.state(task_id)
 
 
@@ -418,12 +408,8 @@ async def collect(uow: UnitOfWork, ctx: Ctx, *, project: str | None, limit: int)
         project, limit,
     )
     ses = Session(uow, ctx)
-    changes: Changes = []
-    for r in rows:
-        s = views.decode_state(r["body"])
-        s = ses.states.get(s.id) or s
-        ses.states[s.id] = s
-        changes.append((s.id, list(decide_collect(s, by=ctx.principal.name))))
+    changes: Changes = [(s.id, decide_collect(s, ctx.principal.name))
+                        for s in (ses.adopt(views.decode_state(r["body"])) for r in rows)]
     if not changes:
         return []
     await ses.apply_and_settle(changes)
@@ -431,17 +417,14 @@ async def collect(uow: UnitOfWork, ctx: Ctx, *, project: str | None, limit: int)
 
 
 async def round_review(
-    uow: UnitOfWork, ctx: Ctx, task_id: str, *, decision: Literal["GOAL_ACHIEVED", "NEW_ROUND"],
-    notes: str, goal_clear: bool | str | None, coverage: str | None, next_round: str | None,
-    new_subtasks: Sequence[NewTask], default_escalation: int,
+    uow: UnitOfWork, ctx: Ctx, task_id: str, review: Review, *, default_escalation: int,
 ) -> TaskState:
     ses = Session(uow, ctx)
     parent = await ses.need(task_id)
-    ids = [t.id for t in new_subtasks]
+    ids = [t.id for t in review.new_subtasks]
     existing = {r["id"] for r in await uow.fetch("SELECT id FROM tasks WHERE id = ANY($1::text[])", ids)}
     changes = decide_round_review(
-        parent, decision=decision, notes=notes, goal_clear=goal_clear, coverage=coverage,
-        next_round=next_round, new_subtasks=new_subtasks, reviewer=ctx.principal.name,
+        parent, msgspec.structs.replace(review, reviewer=ctx.principal.name), await ses.round_of(parent),
         existing_ids=existing, default_escalation=default_escalation,
     )
     await ses.apply_and_settle(changes)
@@ -459,11 +442,9 @@ async def sweep(uow: UnitOfWork, ctx: Ctx, *, limit: int = 200) -> int:
     )
     for r in rows:
         s = await ses.get(r["task_id"])
-        if s is None:
-            continue
-        events = decide_lease_expired(s, lease_id=r["lease_id"])
+        events = decide_lease_expired(s, r["lease_id"]) if s is not None else []
         if events:
-            await ses.apply_and_settle([(s.id, list(events))])
+            await ses.apply_and_settle([(r["task_id"], events)])
             n += 1
         else:
             await uow.execute("DELETE FROM task_leases WHERE task_id = $1 AND lease_id = $2",
@@ -473,14 +454,10 @@ async def sweep(uow: UnitOfWork, ctx: Ctx, *, limit: int = 200) -> int:
         uow.now, limit,
     )
     for r in rows:
-        s = views.decode_state(r["body"])
-        s = ses.states.get(s.id) or s
-        ses.states[s.id] = s
-        ready = datetime.fromisoformat((s.ready_at or s.updated_at).replace("Z", "+00:00"))
-        waited = int((uow.now - ready).total_seconds())
-        events = decide_escalate(s, waited_seconds=waited)
+        s = ses.adopt(views.decode_state(r["body"]))
+        events = decide_escalate(s, uow.now)
         if events:
-            await ses.apply([(s.id, list(events))])
+            await ses.apply([(s.id, events)])
             n += 1
     return n
 

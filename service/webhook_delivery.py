@@ -36,7 +36,7 @@ import httpx
 import msgspec
 
 from events import store
-from events.tasks import TaskState
+from events.task.state import TaskState
 from projections import tasks as task_views
 from service.settings import Settings
 

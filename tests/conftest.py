@@ -21,6 +21,8 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 from litestar.testing import AsyncTestClient
 
 from service.app import create_app
@@ -29,6 +31,18 @@ from service.migrate import migrate
 from service.settings import Settings
 
 ADMIN_TOKEN = "test-admin-" + uuid.uuid4().hex
+
+# Property tests: `ci` (the default) is derandomized, so a run is red or green
+# by the code alone, with enough examples to find a four-step counterexample
+# every time; `deep` (make deep) explores far more and keeps what fails.
+settings.register_profile(
+    "ci", derandomize=True, max_examples=400, stateful_step_count=40, deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "deep", max_examples=20_000, stateful_step_count=80, deadline=None,
+    database=DirectoryBasedExampleDatabase(str(Path(__file__).resolve().parent.parent / ".hypothesis" / "examples")),
+    suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 ROOT = Path(__file__).resolve().parent.parent
 
 

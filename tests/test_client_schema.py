@@ -28,6 +28,8 @@ PAIRS: list[tuple[type[msgspec.Struct], str, str]] = [
     (models.Verdict, "VerdictBody", "in"),
     (models.Complete, "CompleteBody", "in"),
     (models.Fail, "FailBody", "in"),
+    (models.Release, "ReleaseBody", "in"),
+    (models.Reassign, "ReassignBody", "in"),
     (models.Cancel, "CancelBody", "in"),
     (models.Unblock, "UnblockBody", "in"),
     (models.RoundReview, "RoundReviewBody", "in"),

@@ -190,7 +190,8 @@ def test_the_dashboard_follows_the_stream_live_and_resumes_after_a_drop(db_url: 
             expect(detail).to_be_visible()
             expect(detail.locator(".verdict .reason")).to_contain_text(
                 ["builds", "down-migration drops the wrong table"])
-            expect(detail.locator("table.notes")).to_contain_text("down-migration drops the wrong table")
+            expect(detail.locator("table.notes").first).to_contain_text("down-migration drops the wrong table")
+            expect(detail.locator('.attempt[data-attempt="2"] table.notes')).to_contain_text("down-migration")
             page.click("#detail-close")
 
             # ---- blocked: the blocker panel, and the history an auditor clicks through
@@ -202,7 +203,7 @@ def test_the_dashboard_follows_the_stream_live_and_resumes_after_a_drop(db_url: 
             in_column(t3, "blocked")
             blocker = page.locator(f'#blockers .blocker[data-task="{t3}"]')
             expect(blocker).to_contain_text("staging credentials")
-            blocker.click()
+            blocker.locator("a").click()
             expect(page.locator("#detail-title")).to_have_text("Deploy to staging")
             history = detail.locator("table.history tr[data-seq]")
             types = [e["type"] for e in producer.get(f"/tasks/{t3}/events")["events"]]
@@ -216,7 +217,7 @@ def test_the_dashboard_follows_the_stream_live_and_resumes_after_a_drop(db_url: 
                 "verifying · attempt 1")
             expect(detail.locator('table.history tr[data-type="task.blocked"] td.after')).to_have_text(
                 "blocked · attempt 1")
-            detail.locator('table.history tr[data-type="task.verdict"]').click()
+            detail.locator('table.history tr[data-type="task.verdict"] button').click()
             asof = detail.locator(".asof")
             expect(asof).to_contain_text("after task.verdict")
             expect(asof).to_contain_text("staging credentials are missing")

@@ -17,7 +17,7 @@ from service.app import create_app
 from service.auth import hash_token
 from service.routes.dashboard import COOKIE, Sessions, _b64
 from tests.conftest import ADMIN_TOKEN, AppHarness, ServerProcess, settings_for
-from tests.flows import project
+from tests.flows import create_task, project
 
 
 async def _sign_in(h: AppHarness, token: str) -> Any:
@@ -239,3 +239,105 @@ def test_the_stream_accepts_the_cookie_on_reconnect_with_last_event_id(server: S
         assert ids({"Last-Event-ID": "1"}, {"since_seq": "0"}) == [2, 3]
         http.cookies.clear()
         assert http.get("/stream", params={"since_seq": "0"}).status_code == 401
+
+
+# ------------------------------------------------------------------ acting from a session
+
+
+async def _event_count(pool: asyncpg.Pool) -> int:
+    return int(await pool.fetchval("SELECT count(*) FROM events"))
+
+
+async def test_a_session_acts_only_with_its_csrf_token_and_only_as_its_tokens_role_allows(
+    harness: AppHarness, pool: asyncpg.Pool
+) -> None:
+    proj = project()
+    producer = await harness.client("producer", name="pat")
+    reader = await harness.client("reader")
+    for tid in ("c-1", "c-2"):
+        await create_task(producer, proj, id=tid)
+
+    r = await _sign_in(harness, producer.token or "")
+    session = r.json()
+    assert session["token_role"] == "producer" and session["role"] == "reader"
+    assert session["actions"] == ["unblock", "cancel", "reassign"] and session["access"] == "read, act"
+    csrf = session["csrf_token"]
+    assert csrf and csrf not in _cookie_header(r)  # never in a cookie
+    # the same CSRF token across a renewal (it is bound to the token, not the cookie)
+    assert (await harness.http.post("/ui/session/renew")).json()["csrf_token"] == csrf
+
+    before = await _event_count(pool)
+    refused = {
+        "no CSRF header": {},
+        "a wrong CSRF token": {"X-CSRF-Token": csrf[:-2] + "xx"},
+        "an empty CSRF token": {"X-CSRF-Token": ""},
+        "another origin": {"X-CSRF-Token": csrf, "Origin": "https://evil.example"},
+    }
+    for what, headers in refused.items():
+        resp = await harness.http.post("/tasks/c-1/cancel", json={"reason": "x"}, headers=headers)
+        assert resp.status_code == 403, (what, resp.text)
+        assert resp.json()["code"] == "csrf_failed", what
+        assert resp.headers["content-type"].startswith("application/problem+json")
+    assert await _event_count(pool) == before, "a refused action wrote an event"
+    # the CSRF token is no credential without the cookie
+    harness.http.cookies.clear()
+    resp = await harness.http.post("/tasks/c-1/cancel", json={}, headers={"X-CSRF-Token": csrf})
+    assert resp.status_code == 401
+    assert (await _sign_in(harness, producer.token or "")).status_code == 200
+
+    # with it, the producer's session cancels, as the producer
+    origin = {"X-CSRF-Token": csrf, "Origin": "http://testserver.local"}
+    resp = await harness.http.post("/tasks/c-1/cancel", json={"reason": "dup"}, headers=origin)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["state"] == "cancelled"
+    ev = (await harness.admin.ok(await harness.admin.get("/tasks/c-1/events")))["events"][-1]
+    assert ev["type"] == "task.cancelled" and ev["meta"]["actor"] == "pat" and ev["meta"]["role"] == "producer"
+    # the API's rules, unchanged: a round review needs a reviewer; a bad body is a 400
+    resp = await harness.http.post("/tasks/c-2/round-review", json={"decision": "GOAL_ACHIEVED"}, headers=origin)
+    assert resp.status_code == 403 and resp.json()["code"] == "forbidden"
+    resp = await harness.http.post("/tasks/c-2/unblock", json={"action": "later"}, headers=origin)
+    assert resp.status_code == 400
+    resp = await harness.http.post("/tasks/c-2/unblock", json={}, headers=origin)
+    assert resp.status_code == 409 and resp.json()["code"] == "invalid_transition"
+    # and the session is no bearer token for anything else
+    before = await _event_count(pool)
+    for path, body in (("/tasks", {"title": "x", "project": proj}), ("/tasks/claim", {}),
+                       ("/jobs", {"commands": ["true"]})):
+        resp = await harness.http.post(path, json=body, headers=origin)
+        assert resp.status_code == 401, (path, resp.text)
+    assert await _event_count(pool) == before
+
+    # a reader's session stays read-only, CSRF token or not
+    r = await _sign_in(harness, reader.token or "")
+    assert r.json()["actions"] == [] and r.json()["access"] == "read"
+    rcsrf = r.json()["csrf_token"]
+    before = await _event_count(pool)
+    for action in ("cancel", "unblock", "reassign", "round-review"):
+        resp = await harness.http.post(f"/tasks/c-2/{action}", json={}, headers={"X-CSRF-Token": rcsrf})
+        # 403 from the guard (reassign may not exist yet on this service: then 404/405)
+        assert resp.status_code in ((403,) if action != "reassign" else (403, 404, 405)), (action, resp.text)
+    assert await _event_count(pool) == before
+    # another session's CSRF token does not fit this one
+    resp = await harness.http.post("/tasks/c-2/cancel", json={}, headers={"X-CSRF-Token": csrf})
+    assert resp.status_code == 403 and resp.json()["code"] == "csrf_failed"
+
+
+async def test_a_revoked_tokens_session_cannot_act_even_within_the_cache(
+    harness: AppHarness, pool: asyncpg.Pool
+) -> None:
+    proj = project()
+    producer = await harness.client("producer")
+    await create_task(producer, proj, id="r-1")
+    csrf = (await _sign_in(harness, producer.token or "")).json()["csrf_token"]
+    assert (await harness.http.get("/tasks/r-1")).status_code == 200  # warms the lookup cache
+    await pool.execute("UPDATE tokens SET revoked_at = now() WHERE token_hash = $1", hash_token(producer.token or ""))
+    resp = await harness.http.post("/tasks/r-1/cancel", json={}, headers={"X-CSRF-Token": csrf})
+    assert resp.status_code == 401
+    assert (await harness.admin.ok(await harness.admin.get("/tasks/r-1")))["state"] == "pending"
+
+
+async def test_the_chain_check_runs_as_the_sessions_own_role_with_the_csrf_header(harness: AppHarness) -> None:
+    csrf = (await _sign_in(harness, ADMIN_TOKEN)).json()["csrf_token"]
+    assert (await harness.http.get("/audit/verify", headers={"X-CSRF-Token": "nope"})).status_code == 403
+    ok = await harness.http.get("/audit/verify", headers={"X-CSRF-Token": csrf})
+    assert ok.status_code == 200 and ok.json()["ok"] is True

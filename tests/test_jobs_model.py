@@ -5,37 +5,40 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from events import jobs as m
+from events import lease
 from events.errors import InvalidTransition, JobAlreadyCancelled, LeaseMismatch, ValidationFailed
+from events.job import events as job_events
+from events.job import rules as job_rules
+from events.job import state as job_state
 
 T0 = 1_700_000_000.0
-HOLDER = m.Holder(node="n1", worker="w1")
+HOLDER = lease.Holder(node="n1", worker="w1")
 
 
-def _apply(state: m.JobState | None, events: list[m.AnyJobEvent]) -> m.JobState:
-    out = m.fold(events, state)
+def _apply(state: job_state.JobState | None, events: list[job_events.AnyJobEvent]) -> job_state.JobState:
+    out = job_state.fold(events, state)
     assert out is not None
     return out
 
 
-def _created(commands: list[str] | None = None, **kw: object) -> m.JobState:
-    cmd = m.CreateJob(job_id="J", commands=commands or ["a", "b", "c"], project="p", **kw)  # type: ignore[arg-type]
-    return _apply(None, m.decide_create(cmd, T0))
+def _created(commands: list[str] | None = None, **kw: object) -> job_state.JobState:
+    cmd = job_rules.CreateJob(job_id="J", commands=commands or ["a", "b", "c"], project="p", **kw)  # type: ignore[arg-type]
+    return _apply(None, job_rules.decide_create(cmd, T0))
 
 
-def _running(commands: list[str] | None = None) -> m.JobState:
+def _running(commands: list[str] | None = None) -> job_state.JobState:
     s = _created(commands)
-    claim = m.Claim(node="n1", worker="w1", lease_id="L", lease_seconds=60)
-    return _apply(s, m.decide_claim(s, claim, T0 + 10))
+    claim = job_rules.Claim(node="n1", worker="w1", lease_id="L", lease_seconds=60)
+    return _apply(s, job_rules.decide_claim(s, claim, T0 + 10))
 
 
-def _report(s: m.JobState, now: float, **kw: object) -> m.JobState:
-    return _apply(s, m.decide_report(s, HOLDER, m.Report(**kw), now))  # type: ignore[arg-type]
+def _report(s: job_state.JobState, now: float, **kw: object) -> job_state.JobState:
+    return _apply(s, job_rules.decide_report(s, HOLDER, job_rules.Report(**kw), now))  # type: ignore[arg-type]
 
 
 def test_a_new_job_is_pending_with_no_eta() -> None:
     s = _created()
-    st = m.status(s, T0 + 100)
+    st = job_state.status(s, T0 + 100)
     assert (st["state"], st["stage"], st["progress"], st["elapsed_sec"], st["eta_sec"]) == (
         "pending",
         "init",
@@ -49,64 +52,65 @@ def test_a_new_job_is_pending_with_no_eta() -> None:
 def test_progress_and_eta_follow_the_formula() -> None:
     s = _running()
     s = _report(s, T0 + 11, event="command_started", command="a", index=0, total=3)
-    assert m.eta(s, T0 + 12) is None  # nothing completed yet
+    assert job_state.eta(s, T0 + 12) is None  # nothing completed yet
     s = _report(s, T0 + 16, event="command_completed", command="a", exit_code=0, duration=5.0)
-    st = m.status(s, T0 + 16)
+    st = job_state.status(s, T0 + 16)
     # elapsed 6 s since the claim, 1 of 3 done: eta = 6 / 1 x 2
     assert st["progress"] == 33.33 and st["elapsed_sec"] == 6.0 and st["eta_sec"] == 12.0
     s = _report(s, T0 + 17, event="cache_hit", command="b")
-    assert m.status(s, T0 + 19)["eta_sec"] == pytest.approx(9 / 2 * 1)
+    assert job_state.status(s, T0 + 19)["eta_sec"] == pytest.approx(9 / 2 * 1)
     s = _report(s, T0 + 20, event="finish", status="completed")
-    st = m.status(s, T0 + 500)
+    st = job_state.status(s, T0 + 500)
     assert st["state"] == "completed" and st["elapsed_sec"] == 10.0 and st["eta_sec"] == 0.0
     assert st["progress"] == 66.67  # honest: c never ran
 
 
 def test_cancel_lifecycle() -> None:
     pending = _created()
-    assert isinstance(m.decide_cancel(pending, T0)[0], m.JobCancelled)
-    cancelled = _apply(pending, m.decide_cancel(pending, T0))
+    assert isinstance(job_rules.decide_cancel(pending, T0)[0], job_events.JobCancelled)
+    cancelled = _apply(pending, job_rules.decide_cancel(pending, T0))
     with pytest.raises(JobAlreadyCancelled):
-        m.decide_cancel(cancelled, T0)
+        job_rules.decide_cancel(cancelled, T0)
 
     running = _report(_running(), T0 + 11, event="command_started", command="a")
-    cancelling = _apply(running, m.decide_cancel(running, T0 + 12))
+    cancelling = _apply(running, job_rules.decide_cancel(running, T0 + 12))
     assert cancelling.state == "cancelling" and cancelling.cancel_requested
-    assert m.decide_cancel(cancelling, T0 + 13) == []
+    assert job_rules.decide_cancel(cancelling, T0 + 13) == []
     done = _report(cancelling, T0 + 14, event="finish", status="cancelled", exit_code=-15)
     assert done.state == "cancelled" and done.commands[0].state == "interrupted"
     assert done.current_command is None
 
     finished = _report(_running(), T0 + 11, event="finish", status="failed", exit_code=2)
-    assert m.decide_cancel(finished, T0 + 12) == []
+    assert job_rules.decide_cancel(finished, T0 + 12) == []
 
 
 def test_a_finish_after_a_cancel_request_ends_cancelled() -> None:
     s = _running(["a"])
     s = _report(s, T0 + 11, event="command_completed", command="a", exit_code=0, duration=1.0)
     s = _report(s, T0 + 12, event="stage", stage="completing")
-    s = _apply(s, m.decide_cancel(s, T0 + 12))
-    [ev] = m.decide_report(s, HOLDER, m.Report(event="finish", status="completed"), T0 + 13)
-    assert isinstance(ev, m.JobCancelled) and ev.runner_status == "completed"
-    assert m.evolve(s, ev).state == "cancelled"
+    s = _apply(s, job_rules.decide_cancel(s, T0 + 12))
+    [ev] = job_rules.decide_report(s, HOLDER, job_rules.Report(event="finish", status="completed"), T0 + 13)
+    assert isinstance(ev, job_events.JobCancelled) and ev.runner_status == "completed"
+    assert job_state.evolve(s, ev).state == "cancelled"
 
 
 def test_reports_need_the_lease_holder_and_an_active_job() -> None:
     s = _created()
     with pytest.raises(InvalidTransition):
-        m.decide_report(s, HOLDER, m.Report(event="heartbeat"), T0)
+        job_rules.decide_report(s, HOLDER, job_rules.Report(event="heartbeat"), T0)
     s = _running()
     for who in (
-        m.Holder(node="n2", worker="w1"),
-        m.Holder(node="n1", worker="w2"),
-        m.Holder(node="n1", worker="w1", lease_id="other"),
+        lease.Holder(node="n2", worker="w1"),
+        lease.Holder(node="n1", worker="w2"),
+        lease.Holder(node="n1", worker="w1", lease_id="other"),
     ):
         with pytest.raises(LeaseMismatch):
-            m.decide_report(s, who, m.Report(event="heartbeat"), T0)
-    assert m.decide_report(s, m.Holder(node="n1", worker="w1", lease_id="L"), m.Report(event="heartbeat"), T0)
+            job_rules.decide_report(s, who, job_rules.Report(event="heartbeat"), T0)
+    holder = lease.Holder(node="n1", worker="w1", lease_id="L")
+    assert job_rules.decide_report(s, holder, job_rules.Report(event="heartbeat"), T0)
     done = _report(s, T0 + 1, event="finish", status="completed")
     with pytest.raises(InvalidTransition):
-        m.decide_report(done, HOLDER, m.Report(event="heartbeat"), T0)
+        job_rules.decide_report(done, HOLDER, job_rules.Report(event="heartbeat"), T0)
 
 
 def test_commands_are_matched_by_index_or_text() -> None:
@@ -115,49 +119,49 @@ def test_commands_are_matched_by_index_or_text() -> None:
     s = _report(s, T0 + 12, event="command_started", command="x")
     assert [c.state for c in s.commands] == ["running", "running", "pending"]
     with pytest.raises(InvalidTransition):
-        m.decide_report(s, HOLDER, m.Report(event="command_started", command="x"), T0)
+        job_rules.decide_report(s, HOLDER, job_rules.Report(event="command_started", command="x"), T0)
     for bad in (
-        m.Report(event="command_started", command="y", index=0),
-        m.Report(event="command_started", command="z"),
-        m.Report(event="command_started", command="y", total=4),
-        m.Report(event="stage", stage="lunch"),
-        m.Report(event="finish"),
+        job_rules.Report(event="command_started", command="y", index=0),
+        job_rules.Report(event="command_started", command="z"),
+        job_rules.Report(event="command_started", command="y", total=4),
+        job_rules.Report(event="stage", stage="lunch"),
+        job_rules.Report(event="finish"),
     ):
         with pytest.raises(ValidationFailed):
-            m.decide_report(s, HOLDER, bad, T0)
+            job_rules.decide_report(s, HOLDER, bad, T0)
 
 
 def test_lease_expiry_fails_a_running_job_and_cancels_a_cancelling_one() -> None:
     s = _running()
-    [ev] = m.decide_lease_expired(s, T0 + 100, T0 + 70)
-    assert isinstance(ev, m.JobFailed) and ev.reason == "heartbeat_timeout"
-    assert "stopped heartbeating" in (m.evolve(s, ev).error or "")
-    cancelling = _apply(s, m.decide_cancel(s, T0 + 11))
-    [ev] = m.decide_lease_expired(cancelling, T0 + 100, T0 + 70)
-    assert isinstance(ev, m.JobCancelled)
-    assert m.decide_lease_expired(_created(), T0, T0) == []
+    [ev] = job_rules.decide_lease_expired(s, T0 + 100, T0 + 70)
+    assert isinstance(ev, job_events.JobFailed) and ev.reason == "heartbeat_timeout"
+    assert "stopped heartbeating" in (job_state.evolve(s, ev).error or "")
+    cancelling = _apply(s, job_rules.decide_cancel(s, T0 + 11))
+    [ev] = job_rules.decide_lease_expired(cancelling, T0 + 100, T0 + 70)
+    assert isinstance(ev, job_events.JobCancelled)
+    assert job_rules.decide_lease_expired(_created(), T0, T0) == []
 
 
 def test_creation_refuses_blank_commands() -> None:
     with pytest.raises(ValidationFailed):
-        m.decide_create(m.CreateJob(job_id="J", commands=[]), T0)
+        job_rules.decide_create(job_rules.CreateJob(job_id="J", commands=[]), T0)
     with pytest.raises(ValidationFailed):
-        m.decide_create(m.CreateJob(job_id="J", commands=["ok", "  "]), T0)
+        job_rules.decide_create(job_rules.CreateJob(job_id="J", commands=["ok", "  "]), T0)
 
 
 def test_every_event_round_trips_through_its_stored_payload() -> None:
     s = _running()
-    evs: list[m.AnyJobEvent] = [
-        *m.decide_report(s, HOLDER, m.Report(event="stage", stage="running"), T0),
-        *m.decide_report(s, HOLDER, m.Report(event="error", error="boom", command="a"), T0),
-        *m.decide_report(s, HOLDER, m.Report(event="heartbeat"), T0 + 20),
-        *m.decide_cancel(s, T0),
-        *m.decide_lease_expired(s, T0, T0),
+    evs: list[job_events.AnyJobEvent] = [
+        *job_rules.decide_report(s, HOLDER, job_rules.Report(event="stage", stage="running"), T0),
+        *job_rules.decide_report(s, HOLDER, job_rules.Report(event="error", error="boom", command="a"), T0),
+        *job_rules.decide_report(s, HOLDER, job_rules.Report(event="heartbeat"), T0 + 20),
+        *job_rules.decide_cancel(s, T0),
+        *job_rules.decide_lease_expired(s, T0, T0),
     ]
     for ev in evs:
-        again = m.decode(m.event_type(ev), msgspec.json.encode(m.payload(ev)))
+        again = job_events.decode(job_events.event_type(ev), msgspec.json.encode(job_events.payload(ev)))
         assert again == ev
-    assert set(m.EVENT_TYPES) == {
+    assert set(job_events.EVENT_TYPES) == {
         "job.created",
         "job.started",
         "job.stage",
@@ -187,9 +191,9 @@ def test_payloads_recorded_with_only_the_required_fields_still_decode() -> None:
         ("job.cancel_requested", b"{}"),
         ("job.completed", b"{}"),
     ]
-    s = m.fold(m.decode(t, d) for t, d in stored)
-    assert s is not None and s.state == "completed" and m.progress(s) == 100.0
+    s = job_state.fold(job_events.decode(t, d) for t, d in stored)
+    assert s is not None and s.state == "completed" and job_state.progress(s) == 100.0
     for t in ("job.failed", "job.cancelled"):
-        assert m.decode(t, b"{}").at == 0.0  # type: ignore[union-attr]
+        assert job_events.decode(t, b"{}").at == 0.0  # type: ignore[union-attr]
     with pytest.raises(msgspec.ValidationError):
-        m.decode("job.unknown", b"{}")
+        job_events.decode("job.unknown", b"{}")

@@ -38,11 +38,14 @@ async def test_completion_creates_a_verifier_on_another_node_and_pass_verifies(h
                      "task.verdict", "task.verified"]
 
 
-async def test_the_maker_worker_never_checks_its_own_work_even_from_another_node(harness: AppHarness) -> None:
+async def test_the_maker_worker_never_checks_its_own_work_even_with_a_second_token(harness: AppHarness) -> None:
     proj = project()
     producer = await harness.client("producer")
     maker = await harness.client("worker", node="node-a", name="same-worker")
-    twin = await harness.client("worker", node="node-z", name="same-worker")
+    # a second live token of the same worker may only run on the same node
+    r = await harness.admin.post("/tokens", {"role": "worker", "name": "same-worker", "node": "node-z"})
+    assert r.status_code == 409 and r.json()["code"] == "already_exists", r.text
+    twin = await harness.client("worker", node="node-a", name="same-worker")
     await make(producer, maker, proj)
     assert await claim(twin, proj, ["verify"]) is None
 

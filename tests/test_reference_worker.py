@@ -70,3 +70,24 @@ def test_a_failing_spec_is_reported_as_a_failure(server: ServerProcess) -> None:
     with server.client(producer) as c:
         v = c.get("/tasks/build-3").json()
     assert v["state"] == "deadletter" and "exit 7" in v["error"]
+
+
+def test_a_panels_checks_learn_their_checker_task_type_and_maker(server: ServerProcess, tmp_path: Path) -> None:
+    producer = server.token("producer")
+    maker = server.token("worker", node="node-a")
+    checker = server.token("worker", node="node-b")
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    check = f'echo "$TASKLEDGER_TASK_TYPE $TASKLEDGER_PARENT_TASK_ID" > {seen}/"$TASKLEDGER_CHECKER"'
+    with server.client(producer) as c:
+        r = c.post("/tasks", json={"id": "build-4", "project": "demo4", "title": "t", "spec": "true",
+                                   "verification": {"checkers": ["lint", "tests"]},
+                                   "requirements": [{"id": "R1", "text": "checked", "check": check}]})
+        assert r.status_code == 201, r.text
+    run_worker(server, maker, "--projects", "demo4")
+    run_worker(server, checker, "--projects", "demo4", "--types", "verify")
+    assert sorted(p.name for p in seen.iterdir()) == ["lint", "tests"]
+    assert {p.read_text().strip() for p in seen.iterdir()} == {"verify build-4"}
+    with server.client(producer) as c:
+        v = c.get("/tasks/build-4").json()
+    assert v["state"] == "verified" and sorted(r["checker"] for r in v["verdicts"]) == ["lint", "tests"]

@@ -10,6 +10,8 @@ import asyncpg
 from tests.conftest import AppHarness, Client
 from tests.flows import claim, complete_impl, create_task, project, types_of, view
 
+ANSWERS = {"goal_clear": True, "coverage": "every requirement has a result", "next_round": "none"}
+
 
 async def _finish(worker: Client, proj: str) -> dict[str, Any]:
     t = await claim(worker, proj, ["implement"])
@@ -70,9 +72,9 @@ async def test_round_review_opens_once_with_a_summary_and_new_round_then_goal_ac
     assert len(review) == 1 and review[0]["data"] == {"round": 1, "total": 3, "done": 1, "failed": 1,
                                                        "cancelled": 1}
 
-    r = await producer.post("/tasks/g/round-review", {"decision": "GOAL_ACHIEVED"})
+    r = await producer.post("/tasks/g/round-review", {**ANSWERS, "decision": "GOAL_ACHIEVED"})
     assert r.status_code == 403
-    r = await reviewer.post("/tasks/g/round-review", {
+    r = await reviewer.post("/tasks/g/round-review", {**ANSWERS,
         "decision": "NEW_ROUND", "notes": "g-2 failed, redo it smaller", "goal_clear": True,
         "coverage": "R1 covered, R2 not", "next_round": "split g-2",
         "new_subtasks": [{"id": "g-4", "title": "part a", "verification": None},
@@ -84,7 +86,7 @@ async def test_round_review_opens_once_with_a_summary_and_new_round_then_goal_ac
     await _finish(worker, proj)
     p = await view(producer, "g")
     assert p["state"] == "round_review" and p["rounds"][1]["done"] == 2
-    p = await reviewer.ok(await reviewer.post("/tasks/g/round-review", {
+    p = await reviewer.ok(await reviewer.post("/tasks/g/round-review", {**ANSWERS,
         "decision": "GOAL_ACHIEVED", "notes": "done", "goal_clear": True, "coverage": "all",
         "next_round": "none"}))
     assert p["state"] == "done"
@@ -120,14 +122,14 @@ async def test_decisions_out_of_turn_are_refused(harness: AppHarness) -> None:
     producer = await harness.client("producer")
     reviewer = await harness.client("reviewer")
     await create_task(producer, proj, id="o", verification=None)
-    r = await reviewer.post("/tasks/o/round-review", {"decision": "GOAL_ACHIEVED"})
+    r = await reviewer.post("/tasks/o/round-review", {**ANSWERS, "decision": "GOAL_ACHIEVED"})
     assert r.status_code == 409 and r.json()["code"] == "invalid_transition"
     await create_task(producer, proj, id="o-1", parent_task_id="o", verification=None)
-    r = await reviewer.post("/tasks/o/round-review", {"decision": "GOAL_ACHIEVED"})
+    r = await reviewer.post("/tasks/o/round-review", {**ANSWERS, "decision": "GOAL_ACHIEVED"})
     assert r.status_code == 409
-    r = await reviewer.post("/tasks/missing/round-review", {"decision": "GOAL_ACHIEVED"})
+    r = await reviewer.post("/tasks/missing/round-review", {**ANSWERS, "decision": "GOAL_ACHIEVED"})
     assert r.status_code == 404 and r.json()["code"] == "task_not_found"
-    r = await reviewer.post("/tasks/o/round-review", {"decision": "MAYBE"})
+    r = await reviewer.post("/tasks/o/round-review", {**ANSWERS, "decision": "MAYBE"})
     assert r.status_code == 400
 
 
@@ -142,9 +144,9 @@ async def test_new_round_needs_sub_tasks_and_adding_during_review_is_refused(har
     assert (await view(producer, "q"))["state"] == "round_review"
     r = await producer.post("/tasks", {"id": "q-2", "project": proj, "title": "late", "parent_task_id": "q"})
     assert r.status_code == 409
-    r = await reviewer.post("/tasks/q/round-review", {"decision": "NEW_ROUND", "new_subtasks": []})
+    r = await reviewer.post("/tasks/q/round-review", {**ANSWERS, "decision": "NEW_ROUND", "new_subtasks": []})
     assert r.status_code == 400
-    r = await reviewer.post("/tasks/q/round-review", {"decision": "NEW_ROUND",
+    r = await reviewer.post("/tasks/q/round-review", {**ANSWERS, "decision": "NEW_ROUND",
                                                        "new_subtasks": [{"id": "q-1", "title": "dup"}]})
     assert r.status_code == 409
     assert (await view(producer, "q"))["state"] == "round_review"

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from litestar.testing import AsyncTestClient
 
-from events.tasks import Requirement, TaskState
+from events.task.events import Requirement
+from events.task.state import TaskState
 from service.app import create_app
 from service.webhook_delivery import backoff, issue_for, sign
 from tests import flows

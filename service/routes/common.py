@@ -7,6 +7,8 @@ from typing import Annotated, Any, Final
 
 import msgspec
 from litestar import Response
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
 from litestar.params import QueryParameter
 
 from events.errors import ValidationFailed
@@ -38,3 +40,20 @@ def respond(result: Any, status: int = 200) -> Response[Any]:
     if isinstance(result, Stored):
         return Response(content=result.body, status_code=result.status)
     return Response(content=result, status_code=status)
+
+
+def _query_names(handler: BaseRouteHandler) -> set[str]:
+    return {
+        str(getattr(f.kwarg_definition, "query", None) or getattr(f.kwarg_definition, "name", None) or n)
+        for n, f in handler.parsed_fn_signature.parameters.items()
+    }
+
+
+async def known_query_only(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    """A guard: a query parameter the route does not take is refused (400), not ignored,
+    so a misspelt filter never reads as "everything"."""
+    if not connection.query_params:
+        return
+    unknown = sorted(set(connection.query_params) - _query_names(handler))
+    if unknown:
+        raise ValidationFailed(f"unknown query parameters: {', '.join(unknown)}")

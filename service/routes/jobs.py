@@ -15,14 +15,15 @@ import msgspec
 from litestar import Controller, Litestar, Request, Response, get, post
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
-from events import jobs as model
 from events.errors import JobNotFound, ValidationFailed
+from events.job import rules as job_rules
+from events.job import state as job_state
 from events.store import EVENT_ROW_SQL, event_json
 from projections.jobs import decode_state, replay, stream_of
 from service import job_commands
 from service.auth import requires
 from service.commands import Stored, ctx_of, run
-from service.routes.common import check_id, respond
+from service.routes.common import check_id, known_query_only, respond
 from service.writer import WriterUnavailable
 
 log = logging.getLogger("taskledger.jobs")
@@ -53,7 +54,7 @@ class ClaimRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     projects: Annotated[list[Project], msgspec.Meta(min_length=1, max_length=100)] | None = None
 
 
-ReportEvent = model.ReportEvent
+ReportEvent = job_rules.ReportEvent
 
 
 class ReportRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -94,12 +95,12 @@ _REPORT_FIELDS: Final[dict[str, frozenset[str]]] = {
 _OPTIONAL: Final = frozenset({"event", "lease_id"})
 
 
-def _to_report(data: ReportRequest) -> model.Report:
+def _to_report(data: ReportRequest) -> job_rules.Report:
     allowed = _REPORT_FIELDS[data.event] | _OPTIONAL
     extra = sorted(f for f in data.__struct_fields__ if f not in allowed and getattr(data, f) is not None)
     if extra:
         raise ValidationFailed(f"a {data.event} report does not take {', '.join(extra)}")
-    return model.Report(
+    return job_rules.Report(
         event=data.event,
         stage=data.stage,
         command=data.command,
@@ -127,13 +128,14 @@ async def _wait_for_end(request: Request[Any, Any, Any], job_id: str, seconds: f
         current = await job_commands.read_view(pool, job_id, time.time())
         if current is None:
             raise JobNotFound(f"job {job_id} does not exist", job_id=job_id)
-        if current["state"] in model.TERMINAL or time.monotonic() >= deadline:
+        if current["state"] in job_state.TERMINAL or time.monotonic() >= deadline:
             return current
         await asyncio.sleep(min(WAIT_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
 
 
 class JobController(Controller):
     path = "/jobs"
+    guards = [known_query_only]
     tags = ["jobs"]
 
     @post("/", operation_id="createJob", guards=[requires("producer")], status_code=201)
@@ -147,7 +149,7 @@ class JobController(Controller):
         """Create a job (pending) and answer at once; `?wait=true` answers when it ends
         or, after `timeout` seconds, with its current status."""
         ctx = ctx_of(request)
-        cmd = model.CreateJob(
+        cmd = job_rules.CreateJob(
             job_id=data.job_id or "job-" + uuid.uuid4().hex,
             commands=list(data.commands),
             project=data.project,

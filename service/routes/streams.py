@@ -12,21 +12,26 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import resource
+import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
 import anyio
 import asyncpg
-from litestar import Controller, Litestar, Request, get
+from litestar import Controller, Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
 from litestar.params import FromPath, HeaderParameter, Parameter
 from litestar.types import ASGIApp, Receive, Scope, Send
 from sse_starlette import EventSourceResponse
+from sse_starlette.sse import SendTimeoutError
 
 from events.errors import JobNotFound, TaskNotFound, ValidationFailed
 from service import server_signals
 from service.auth import Principal
-from service.live import Filter, Hub, Row, frame
+from service.live import Filter, Hub, Refusal, Row, frame
+from service.problems import problem
 from service.routes.common import SinceSeq, check_id, split_types
 from service.settings import Settings
 
@@ -76,18 +81,46 @@ async def _events(hub: Hub, flt: Filter, pos: int, by_stream_seq: bool,
 
 
 class _EventSource(EventSourceResponse):
+    """sse-starlette's response with a send timeout that costs nothing per event.
+
+    A consumer that stopped reading fills its socket buffer, and then the server's
+    send never returns: the stream would hold its slot, its socket and its
+    buffered bytes for good. sse-starlette's own `send_timeout` enters an anyio
+    cancel scope around every send; with a thousand subscribers that scope was a
+    third of the server's cost per delivered event. Instead a data send only notes
+    when it began, and the keep-alive task, which wakes anyway, ends the stream
+    when a send has waited longer than `stall_seconds` or its own keep-alive
+    cannot be sent within that time. The client reconnects with Last-Event-ID and
+    loses nothing.
+    """
+
+    def __init__(self, *args: Any, stall_seconds: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stall_seconds = stall_seconds
+        self.sending_since: float | None = None
+
     async def _send_with_timeout(self, send: Any, message: Any) -> None:
-        # sse-starlette enters an anyio cancel scope around every send, even with no
-        # send timeout; with a thousand subscribers that scope was a third of the
-        # server's cost per delivered event. Without a timeout, just send.
-        if self.send_timeout is None:
-            await send(message)
-        else:
-            await super()._send_with_timeout(send, message)
+        self.sending_since = time.monotonic()
+        await send(message)
+        self.sending_since = None
+
+    async def _ping(self, send: Any) -> None:
+        while self.active:
+            await anyio.sleep(self._ping_interval)
+            since = self.sending_since
+            if since is not None and time.monotonic() - since > self.stall_seconds:
+                raise SendTimeoutError
+            ping = f": ping - {datetime.now(UTC)}\r\n\r\n".encode()
+            async with self._send_lock:
+                if self.active:
+                    with anyio.move_on_after(self.stall_seconds) as scope:
+                        await send({"type": "http.response.body", "body": ping, "more_body": True})
+                    if scope.cancel_called:
+                        raise SendTimeoutError
 
 
 class _Stream:
-    """The SSE response, releasing the token's stream slot however it ends."""
+    """The SSE response, releasing its stream slot however it ends."""
 
     def __init__(self, response: _EventSource, hub: Hub, key: str) -> None:
         self._response = response
@@ -98,6 +131,10 @@ class _Stream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await self._response(scope, receive, send)  # type: ignore[arg-type]
+        except SendTimeoutError:
+            # The consumer stopped reading: drop it (the connection is cut).
+            self._hub.count("sse_send_timeouts_total")
+            log.info("dropped an SSE consumer that stopped reading")
         finally:
             self.release()
 
@@ -107,18 +144,55 @@ class _Stream:
             self._hub.release_stream(self._key)
 
 
-def _open(request: Request[Any, Any, Any], flt: Filter, pos: int, by_stream_seq: bool) -> ASGIApp:
+class StreamRefused(Exception):
+    """A stream that cannot be admitted now; answered at once, with Retry-After."""
+
+    def __init__(self, why: Refusal) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+def _refused(request: Request[Any, Any, Any], exc: StreamRefused) -> Response[Any]:
+    settings: Settings = request.app.state.settings
+    if exc.why == "capacity":
+        r = problem(503, "too_many_streams", "Too many streams",
+                    f"this server process already holds its maximum of {settings.max_streams} streams; "
+                    "retry later (other requests are still served)")
+    else:
+        r = problem(429, "too_many_requests", "Too many requests",
+                    f"this token already has {settings.max_streams_per_token} open streams")
+    # The client is told to come back later: it has no use for this connection meanwhile.
+    r.headers.update({"Retry-After": str(settings.stream_retry_after_seconds), "Connection": "close"})
+    return r
+
+
+def _stream_key(request: Request[Any, Any, Any]) -> str:
+    user = request.user
+    return user.token_hash if isinstance(user, Principal) else "anonymous"
+
+
+def _admissible(request: Request[Any, Any, Any]) -> None:
+    """Refuse a stream before any database work when the caps are already reached."""
     hub: Hub = request.app.state.hub
     settings: Settings = request.app.state.settings
     if hub.closed:
-        raise HTTPException(status_code=503, detail="the service is shutting down")
-    user = request.user
-    key = user.token_hash if isinstance(user, Principal) else "anonymous"
-    if not hub.acquire_stream(key, settings.max_streams_per_token):
-        raise HTTPException(
-            status_code=429,
-            detail=f"this token already has {settings.max_streams_per_token} open streams",
-        )
+        raise HTTPException(status_code=503, detail="the service is shutting down",
+                            headers={"Retry-After": str(settings.stream_retry_after_seconds)})
+    why = hub.refusal(_stream_key(request), settings.max_streams_per_token)
+    if why is not None:
+        hub.count_refusal(why)
+        raise StreamRefused(why)
+
+
+def _open(request: Request[Any, Any, Any], flt: Filter, pos: int, by_stream_seq: bool) -> ASGIApp:
+    hub: Hub = request.app.state.hub
+    settings: Settings = request.app.state.settings
+    _admissible(request)
+    key = _stream_key(request)
+    why = hub.acquire_stream(key, settings.max_streams_per_token)
+    if why is not None:  # taken meanwhile, while this request read the database
+        hub.count_refusal(why)
+        raise StreamRefused(why)
     # sse-starlette sets `stop` when the server is shutting down (uvicorn); the
     # stream then ends cleanly within the grace period instead of being cut.
     stop = anyio.Event()
@@ -128,6 +202,7 @@ def _open(request: Request[Any, Any, Any], flt: Filter, pos: int, by_stream_seq:
         headers={"Cache-Control": "no-store"},
         shutdown_event=stop,
         shutdown_grace_period=2.0,
+        stall_seconds=settings.sse_send_timeout_seconds,
     )
     return _Stream(response, hub, key)
 
@@ -140,6 +215,7 @@ async def _one_stream(
     request: Request[Any, Any, Any], stream: str, cursor: int | None, types: str | None,
     missing: type[TaskNotFound] | type[JobNotFound],
 ) -> ASGIApp:
+    _admissible(request)
     pool: asyncpg.Pool = request.app.state.pool
     row = await pool.fetchrow(
         "SELECT (SELECT seq FROM log_head WHERE id = 1) AS head, "
@@ -161,6 +237,7 @@ async def _one_stream(
 
 class StreamController(Controller):
     tags = ["events"]
+    exception_handlers = {StreamRefused: _refused}
 
     @get("/stream", operation_id="streamEvents", media_type="text/event-stream",
          summary="Follow the global feed over SSE (cursor: seq)")
@@ -174,6 +251,7 @@ class StreamController(Controller):
         stream: StreamName = None,
         project: Project = None,
     ) -> ASGIApp:
+        _admissible(request)
         cursor = _cursor(since_seq, last_event_id)
         head = await _head(request.app.state.pool)
         if cursor is not None and cursor > head:
@@ -211,10 +289,11 @@ async def startup(app: Litestar) -> None:
     hub = Hub(
         settings.database_url, app.state.pool,
         poll_seconds=settings.sse_poll_seconds, queue_max=settings.sse_queue_max,
-        metrics=app.state.metrics,
+        max_streams=settings.max_streams, metrics=app.state.metrics,
     )
     await hub.start()
     hub.register_metrics(app.state.metrics)
+    app.state.metrics.gauge("process_open_files_limit", lambda: resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     app.state.hub = hub
     app.state.commit_listeners.append(hub.notify)
     server_signals.on_shutdown(hub.end_streams)

@@ -11,7 +11,7 @@ from litestar.params import JSONBody, QueryParameter
 from events import store
 from events.errors import ValidationFailed
 from service.auth import Principal, create_token, requires
-from service.routes.common import SinceSeq, split_types
+from service.routes.common import SinceSeq, known_query_only, split_types
 
 
 class TokenRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -60,7 +60,7 @@ class SystemController(Controller):
         secret = await create_token(request.app.state.pool, role=data.role, name=data.name, node=data.node)
         return TokenResponse(token=secret, name=data.name, role=data.role, node=data.node)
 
-    @get("/events", operation_id="listEvents", tags=["events"])
+    @get("/events", operation_id="listEvents", tags=["events"], guards=[known_query_only])
     async def events(
         self,
         request: Request[Any, Any, Any],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -13,18 +14,17 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 
 from events import store
 from events.errors import TaskNotFound, ValidationFailed
-from events.tasks import (
-    NewTask,
-    Requirement,
-    RequirementVerdict,
-    TaskState,
-    Verification,
-)
+from events.task.events import Requirement, RequirementVerdict, Verification
+from events.task.panel import Verdict
+from events.task.rounds import Review
+from events.task.rules import NewTask
+from events.task.state import StateName, TaskState
 from projections import tasks as views
 from service import task_commands as cmds
 from service.auth import Principal, requires
 from service.commands import Ctx, ctx_of, run
-from service.routes.common import ID_PATTERN, SinceSeq, check_id, respond
+from service.routes.common import ID_PATTERN, SinceSeq, check_id, known_query_only, respond
+from service.writer import UnitOfWork
 
 log = logging.getLogger("taskledger.tasks")
 
@@ -46,6 +46,8 @@ class RequirementBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class VerificationBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     checkers: Annotated[list[Checker], msgspec.Meta(min_length=1, max_length=16)] = msgspec.field(
         default_factory=lambda: ["verifier"])
+    priority: Annotated[int, msgspec.Meta(ge=-1_000_000, le=1_000_000)] | None = None
+    estimated_minutes: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] | None = None
 
 
 class TaskFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -77,7 +79,8 @@ def to_new_task(b: TaskFields, *, parent_task_id: str | None, project: str | Non
     verification = (
         Verification() if b.verification is msgspec.UNSET
         else None if b.verification is None
-        else Verification(checkers=list(b.verification.checkers))
+        else Verification(checkers=list(b.verification.checkers), priority=b.verification.priority,
+                          estimated_minutes=b.verification.estimated_minutes)
     )
     return NewTask(
         id=b.id or f"T-{uuid.uuid4().hex[:16]}", project=proj, title=b.title, spec=b.spec,
@@ -117,6 +120,24 @@ class CompleteBody(LeaseBody, forbid_unknown_fields=True, kw_only=True):
     outcome: Literal["PASS", "FAIL", "BLOCKED"] | None = None
     verdicts: Annotated[list[VerdictBody], msgspec.Meta(max_length=500)] = []
     category: Literal["code", "environment", "info_missing", "infrastructure"] | None = None
+    reason: ShortText = ""
+
+    def verdict(self) -> Verdict | None:
+        if self.outcome is None:
+            if self.verdicts or self.category is not None or self.reason:
+                raise ValidationFailed("verdicts, category and reason go with an outcome, on verify tasks")
+            return None
+        return Verdict(outcome=self.outcome, category=self.category, reason=self.reason, verdicts=[
+            RequirementVerdict(requirement_id=v.requirement_id, verdict=v.verdict, reason=v.reason)
+            for v in self.verdicts])
+
+
+class ReleaseBody(LeaseBody, forbid_unknown_fields=True, kw_only=True):
+    reason: ShortText = ""
+
+
+class ReassignBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    assignee: Str128 | None
 
 
 class FailBody(LeaseBody, forbid_unknown_fields=True, kw_only=True):
@@ -172,9 +193,24 @@ def _escalation(request: Request[Any, Any, Any]) -> int:
     return int(request.app.state.settings.escalate_after_seconds)
 
 
+def viewer(ctx: Ctx) -> str | None:
+    """Whose lease ids a caller may see: its own token's (None: an admin, every one)."""
+    return None if ctx.principal.role == "admin" else ctx.principal.token_id
+
+
+def seen_by(ctx: Ctx, fn: Callable[[UnitOfWork], Awaitable[TaskState]]) -> Callable[[UnitOfWork], Awaitable[TaskState]]:
+    """A command whose answer is the view as the caller may see it."""
+
+    async def go(u: UnitOfWork) -> TaskState:
+        return views.visible_to(await fn(u), viewer(ctx))
+
+    return go
+
+
 class TaskController(Controller):
     path = "/tasks"
     tags = ["tasks"]
+    guards = [known_query_only]
 
     @post("/", operation_id="createTask", guards=[requires("producer")], status_code=201)
     async def create(self, request: Request[Any, Any, Any], data: JSONBody[CreateTask]) -> Response[Any]:
@@ -182,27 +218,37 @@ class TaskController(Controller):
         t = to_new_task(data, parent_task_id=data.parent_task_id)
         esc = _escalation(request)
         ids = [t.id, t.parent_task_id] if t.parent_task_id else [t.id]
-        return respond(await run(request, ctx, lambda u: cmds.create(u, ctx, t, default_escalation=esc),
+        return respond(await run(request, ctx, seen_by(ctx, lambda u: cmds.create(u, ctx, t, default_escalation=esc)),
                                  status=201, prefetch=[("tasks", i) for i in ids]), 201)
 
     @get("/", operation_id="listTasks")
     async def list_tasks(
         self,
         request: Request[Any, Any, Any],
-        task_state: Annotated[str | None, QueryParameter(name="state", max_length=64)] = None,
+        task_state: Annotated[StateName | None, QueryParameter(name="state")] = None,
         project: Annotated[str | None, QueryParameter(max_length=128)] = None,
         parent_task_id: Annotated[str | None, QueryParameter(max_length=128)] = None,
-        task_type: Annotated[str | None, QueryParameter(max_length=32)] = None,
+        task_type: Annotated[Literal["implement", "verify"] | None, QueryParameter()] = None,
+        assignee: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        worker: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        node: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        label: Annotated[str | None, QueryParameter(max_length=100)] = None,
+        escalated: Annotated[bool | None, QueryParameter()] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
         after: Annotated[str | None, QueryParameter(max_length=128)] = None,
     ) -> TaskList:
         pool = request.app.state.pool
-        clauses, args = [], []
-        for col, val in (("t.state", task_state), ("t.project", project),
-                         ("t.parent_task_id", parent_task_id), ("t.task_type", task_type)):
+        ctx = ctx_of(request)
+        clauses: list[str] = []
+        args: list[Any] = []
+        for col, val in (("t.state = $?", task_state), ("t.project = $?", project),
+                         ("t.parent_task_id = $?", parent_task_id), ("t.task_type = $?", task_type),
+                         ("t.assignee = $?", assignee), ("t.body->>'worker' = $?", worker),
+                         ("t.body->>'node' = $?", node), ("t.body->'labels' ? $?", label),
+                         ("(t.body->>'escalated')::boolean = $?", escalated)):
             if val is not None:
                 args.append(val)
-                clauses.append(f"{col} = ${len(args)}")
+                clauses.append(col.replace("$?", f"${len(args)}"))
         if after is not None:
             check_id(after, "after")
             cursor = await pool.fetchval("SELECT created_seq FROM tasks WHERE id = $1", after)
@@ -211,8 +257,9 @@ class TaskController(Controller):
             args.append(cursor)
             clauses.append(f"t.created_seq > ${len(args)}")
         where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        args.append(viewer(ctx))
         rows = await pool.fetch(
-            f"{views.VIEW_SQL} {where} ORDER BY t.created_seq LIMIT {int(limit) + 1}", *args)
+            f"{views.view_sql(len(args))} {where} ORDER BY t.created_seq LIMIT {int(limit) + 1}", *args)
         items = [msgspec.Raw(r["body"].encode()) for r in rows[:limit]]
         next_after = None
         if len(rows) > limit:
@@ -255,8 +302,8 @@ class TaskController(Controller):
             s = await views.state_as_of(pool, task_id, as_of_seq)
             if s is None:
                 raise TaskNotFound(f"task {task_id} did not exist at seq {as_of_seq}", task_id=task_id)
-            return Response(content=s)
-        row = await pool.fetchrow(f"{views.VIEW_SQL} WHERE t.id = $1", task_id)
+            return Response(content=views.visible_to(s, viewer(ctx_of(request))))
+        row = await pool.fetchrow(f"{views.view_sql(2)} WHERE t.id = $1", task_id, viewer(ctx_of(request)))
         if row is None:
             raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
         return Response(content=msgspec.Raw(row["body"].encode()))
@@ -307,12 +354,10 @@ class TaskController(Controller):
     ) -> Response[Any]:
         ctx = ctx_of(request)
         check_id(task_id, "task id")
-        verdicts = [RequirementVerdict(requirement_id=v.requirement_id, verdict=v.verdict, reason=v.reason)
-                    for v in data.verdicts]
-        esc = _escalation(request)
+        verdict = data.verdict()
         return respond(await run(request, ctx, lambda u: cmds.complete(
-            u, ctx, task_id, lease_id=data.lease_id, result=data.result, outcome=data.outcome,
-            verdicts=verdicts, category=data.category, default_escalation=esc), prefetch=[("tasks", task_id)]))
+            u, ctx, task_id, lease_id=data.lease_id, result=data.result, verdict=verdict),
+            prefetch=[("tasks", task_id)]))
 
     @post("/{task_id:str}/fail", operation_id="failTask", guards=[requires("worker")], status_code=200)
     async def fail(
@@ -330,8 +375,28 @@ class TaskController(Controller):
         ctx = ctx_of(request)
         check_id(task_id, "task id")
         reason = data.reason if data is not None else ""
-        return respond(await run(request, ctx, lambda u: cmds.cancel(u, ctx, task_id, reason=reason),
+        return respond(await run(request, ctx, seen_by(ctx, lambda u: cmds.cancel(u, ctx, task_id, reason=reason)),
                                  prefetch=[("tasks", task_id)]))
+
+    @post("/{task_id:str}/release", operation_id="releaseTask", guards=[requires("worker")], status_code=200)
+    async def release(
+        self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[ReleaseBody]
+    ) -> Response[Any]:
+        """The lease holder gives its claim back: pending again, no attempt spent."""
+        ctx = ctx_of(request)
+        check_id(task_id, "task id")
+        return respond(await run(request, ctx, lambda u: cmds.release(
+            u, ctx, task_id, lease_id=data.lease_id, reason=data.reason), prefetch=[("tasks", task_id)]))
+
+    @post("/{task_id:str}/reassign", operation_id="reassignTask", guards=[requires("producer")], status_code=200)
+    async def reassign(
+        self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[ReassignBody]
+    ) -> Response[Any]:
+        """Directed work nobody took: give it to another worker, or to anyone (`null`)."""
+        ctx = ctx_of(request)
+        check_id(task_id, "task id")
+        return respond(await run(request, ctx, seen_by(ctx, lambda u: cmds.reassign(
+            u, ctx, task_id, assignee=data.assignee)), prefetch=[("tasks", task_id)]))
 
     @post("/{task_id:str}/unblock", operation_id="unblockTask", guards=[requires("producer")], status_code=200)
     async def unblock(
@@ -340,8 +405,8 @@ class TaskController(Controller):
         ctx = ctx_of(request)
         check_id(task_id, "task id")
         body = data or UnblockBody()
-        return respond(await run(request, ctx, lambda u: cmds.unblock(
-            u, ctx, task_id, action=body.action, notes=body.notes)))
+        return respond(await run(request, ctx, seen_by(ctx, lambda u: cmds.unblock(
+            u, ctx, task_id, action=body.action, notes=body.notes))))
 
     @post("/{task_id:str}/round-review", operation_id="reviewRound", guards=[requires("reviewer")],
           status_code=200)
@@ -353,14 +418,14 @@ class TaskController(Controller):
         parent_project = await request.app.state.pool.fetchval(
             "SELECT project FROM tasks WHERE id = $1", task_id)
         subs = [to_new_task(b, parent_task_id=task_id, project=parent_project) for b in data.new_subtasks]
+        review = Review(decision=data.decision, notes=data.notes, goal_clear=data.goal_clear,
+                        coverage=data.coverage, next_round=data.next_round, new_subtasks=subs)
         esc = _escalation(request)
-        return respond(await run(request, ctx, lambda u: cmds.round_review(
-            u, ctx, task_id, decision=data.decision, notes=data.notes, goal_clear=data.goal_clear,
-            coverage=data.coverage, next_round=data.next_round, new_subtasks=subs,
-            default_escalation=esc)))
+        return respond(await run(request, ctx, seen_by(ctx, lambda u: cmds.round_review(
+            u, ctx, task_id, review, default_escalation=esc))))
 
 
-@get("/blockers", operation_id="listBlockers", tags=["tasks"])
+@get("/blockers", operation_id="listBlockers", tags=["tasks"], guards=[known_query_only])
 async def list_blockers(
     request: Request[Any, Any, Any],
     open: Annotated[bool | None, QueryParameter()] = None,
