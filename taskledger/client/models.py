@@ -3,6 +3,9 @@
 Requests mirror the service's request schemas; views mirror what it answers.
 Views ignore fields they do not know, so a newer service never breaks an older
 client; tests/test_client_schema.py checks both against openapi/openapi.json.
+They restate the service's Structs on purpose: the client imports nothing from
+`service/`, `events/` or `projections/`, so the wire format (the OpenAPI
+document) is the only thing the two share.
 Request Structs leave unset fields out of the body, so the service's defaults
 apply (and `verification=None`, "no verification", stays distinct from
 "the default checker").
