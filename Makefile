@@ -14,7 +14,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,dev]'
+	$(BIN)/pip install -q -e '.[test,dev,mcp]'
 	touch $(STAMP)
 
 run: $(STAMP)  ## serve on 127.0.0.1:8080 (embedded PostgreSQL unless TASKLEDGER_DATABASE_URL is set)
@@ -27,7 +27,7 @@ deep: $(STAMP)  ## the property tests with many more (random) examples; failures
 	HYPOTHESIS_PROFILE=deep $(BIN)/pytest -q -p no:cacheprovider tests/test_task_machine.py
 
 lint: $(STAMP)  ## ruff
-	$(BIN)/ruff check service events projections tests bench deploy
+	$(BIN)/ruff check service events projections taskledger tests bench deploy
 
 typecheck: $(STAMP)  ## mypy --strict on the packages
 	$(BIN)/mypy

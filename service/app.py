@@ -43,6 +43,7 @@ _MODULES: Sequence[str] = (
     "service.routes.streams",
     "service.routes.admin",
     "service.routes.dashboard",
+    "service.routes.webhooks",
 )
 
 

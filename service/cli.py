@@ -23,6 +23,7 @@ _CLI_MODULES: Sequence[str] = (
     "service.cli_tasks",
     "service.cli_jobs",
     "service.cli_admin",
+    "taskledger.mcp",
 )
 
 

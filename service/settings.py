@@ -40,6 +40,10 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     # On SIGTERM, /readyz answers 503 for this long before the server stops
     # taking requests, so a load balancer's health check drains it first.
     drain_seconds: float = 0.0
+    webhook_poll_seconds: float = 1.0  # how soon another replica's events are delivered
+    webhook_timeout_seconds: float = 10.0
+    webhook_retry_base_seconds: float = 1.0  # a failed delivery is retried after 1, 2, 4, ... s
+    webhook_retry_max_seconds: float = 300.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -1,0 +1,60 @@
+"""The taskledger Python client: `Client` (blocking) and `AsyncClient` (asyncio),
+on httpx and httpx-sse, with the same methods.
+
+    from taskledger.client import Client, CreateTask, Requirement, Verdict
+
+    with Client(url, token=producer_token) as c:
+        c.create_task(CreateTask(id="T-1", project="demo", title="Add /healthz",
+                                 requirements=[Requirement(id="R1", text="GET /healthz answers 200")]))
+
+Errors are `taskledger.client.errors` exceptions (`NotFound`, `Conflict`,
+`InvalidTransition`, `LeaseMismatch`, ...) carrying the service's `code`.
+"""
+
+from taskledger.client._call import Call, Retry
+from taskledger.client.aio import AsyncClient
+from taskledger.client.errors import (
+    Conflict,
+    Forbidden,
+    IdempotencyConflict,
+    InvalidTransition,
+    JobAlreadyCancelled,
+    JobNotFound,
+    LeaseMismatch,
+    NotFound,
+    PayloadTooLarge,
+    ServerError,
+    TaskledgerError,
+    TaskNotFound,
+    TooManyRequests,
+    TransportError,
+    Unauthorized,
+    Unavailable,
+    ValidationError,
+    VersionConflict,
+)
+from taskledger.client.models import (
+    Blocker,
+    CreateTask,
+    Delivery,
+    Event,
+    EventPage,
+    Job,
+    Requirement,
+    StreamPage,
+    Subtask,
+    Task,
+    TaskPage,
+    Verdict,
+    Verification,
+    Webhook,
+)
+from taskledger.client.sync import Client
+
+__all__ = [
+    "AsyncClient", "Blocker", "Call", "Client", "Conflict", "CreateTask", "Delivery", "Event", "EventPage",
+    "Forbidden", "IdempotencyConflict", "InvalidTransition", "Job", "JobAlreadyCancelled", "JobNotFound",
+    "LeaseMismatch", "NotFound", "PayloadTooLarge", "Requirement", "Retry", "ServerError", "StreamPage",
+    "Subtask", "Task", "TaskNotFound", "TaskPage", "TaskledgerError", "TooManyRequests", "TransportError",
+    "Unauthorized", "Unavailable", "ValidationError", "Verdict", "Verification", "VersionConflict", "Webhook",
+]

@@ -1,0 +1,235 @@
+"""The service's operations, each a function that builds a `Call`; `Operations`
+binds every one of them as a method of both `Client` and `AsyncClient`."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from urllib.parse import quote
+
+from taskledger.client._call import Call, Op
+from taskledger.client.models import (
+    BlockerList,
+    Cancel,
+    Category,
+    Claim,
+    Collect,
+    Collected,
+    Complete,
+    CreateJob,
+    CreateTask,
+    CreateToken,
+    CreateWebhook,
+    DeliveryList,
+    EventPage,
+    Fail,
+    Heartbeat,
+    Job,
+    Lease,
+    Outcome,
+    Reassign,
+    Release,
+    RoundReview,
+    StreamPage,
+    Subtask,
+    Task,
+    TaskPage,
+    TaskType,
+    TokenCreated,
+    Unblock,
+    Verdict,
+    Webhook,
+    WebhookList,
+)
+
+
+def _p(value: str) -> str:
+    return quote(value, safe="")
+
+
+def create_task(task: CreateTask) -> Call[Task]:
+    """Create a task (producer). The answer is its view; `seq` is where it landed in the log."""
+    return Call("POST", "/tasks", Task, body=task)
+
+
+def get_task(task_id: str, *, as_of_seq: int | None = None) -> Call[Task]:
+    """A task's current view, or as it stood after global seq `as_of_seq`."""
+    return Call("GET", f"/tasks/{_p(task_id)}", Task, params={"as_of_seq": as_of_seq})
+
+
+def list_tasks(*, state: str | None = None, project: str | None = None, parent_task_id: str | None = None,
+               task_type: TaskType | None = None, limit: int = 100, after: str | None = None) -> Call[TaskPage]:
+    """Tasks in creation order; pass `next_after` back as `after` for the next page."""
+    return Call("GET", "/tasks", TaskPage, params={
+        "state": state, "project": project, "parent_task_id": parent_task_id, "task_type": task_type,
+        "limit": limit, "after": after})
+
+
+def task_events(task_id: str, *, since_seq: int = 0, limit: int = 1000) -> Call[StreamPage]:
+    """A task's own stream after `since_seq` (a `stream_seq`)."""
+    return Call("GET", f"/tasks/{_p(task_id)}/events", StreamPage, params={"since_seq": since_seq, "limit": limit})
+
+
+def claim(*, task_types: list[TaskType] | None = None, projects: list[str] | None = None,
+          lease_seconds: int = 60) -> Call[Task | None]:
+    """Claim the next task this worker may take (None when there is none). The
+    answer carries the `lease_id` every later report needs."""
+    body = Claim(projects=projects, lease_seconds=lease_seconds)
+    if task_types is not None:
+        body.task_types = list(task_types)
+    return Call("POST", "/tasks/claim", Task | None, body=body, empty_is_none=True)
+
+
+def start(task_id: str, lease_id: str) -> Call[Task]:
+    """Report a claimed task running (lease holder)."""
+    return Call("POST", f"/tasks/{_p(task_id)}/start", Task, body=Lease(lease_id=lease_id))
+
+
+def heartbeat(task_id: str, lease_id: str, *, lease_seconds: int | None = None) -> Call[Task]:
+    """Extend the lease (lease holder)."""
+    return Call("POST", f"/tasks/{_p(task_id)}/heartbeat", Task,
+                body=Heartbeat(lease_id=lease_id, lease_seconds=lease_seconds))
+
+
+def complete(task_id: str, lease_id: str, *, result: Any = None, outcome: Outcome | None = None,
+             verdicts: list[Verdict] | None = None, category: Category | None = None) -> Call[Task]:
+    """Report a task done (lease holder). For a verify task: the `outcome`, one
+    verdict per requirement, and a `category` when BLOCKED."""
+    return Call("POST", f"/tasks/{_p(task_id)}/complete", Task, body=Complete(
+        lease_id=lease_id, result=result, outcome=outcome, verdicts=list(verdicts or []), category=category))
+
+
+def fail(task_id: str, lease_id: str, *, error: str = "") -> Call[Task]:
+    """Report that the work failed (lease holder); retried while attempts remain."""
+    return Call("POST", f"/tasks/{_p(task_id)}/fail", Task, body=Fail(lease_id=lease_id, error=error))
+
+
+def release(task_id: str, lease_id: str, *, reason: str = "") -> Call[Task]:
+    """Give a claim back without spending an attempt (lease holder)."""
+    return Call("POST", f"/tasks/{_p(task_id)}/release", Task, body=Release(lease_id=lease_id, reason=reason))
+
+
+def reassign(task_id: str, assignee: str | None) -> Call[Task]:
+    """Direct a task to one worker, or to anyone with None (producer)."""
+    return Call("POST", f"/tasks/{_p(task_id)}/reassign", Task, body=Reassign(assignee=assignee))
+
+
+def cancel_task(task_id: str, *, reason: str = "") -> Call[Task]:
+    """Cancel a task (producer); a parent cancels its open sub-tasks."""
+    return Call("POST", f"/tasks/{_p(task_id)}/cancel", Task, body=Cancel(reason=reason))
+
+
+def unblock(task_id: str, *, action: Literal["retry", "reverify"] = "retry", notes: str | None = None) -> Call[Task]:
+    """Resolve a blocker (producer): `retry` the work with fresh attempts, or `reverify` it."""
+    return Call("POST", f"/tasks/{_p(task_id)}/unblock", Task, body=Unblock(action=action, notes=notes))
+
+
+def review_round(task_id: str, decision: Literal["GOAL_ACHIEVED", "NEW_ROUND"], *, notes: str = "",
+                 goal_clear: bool | str | None = None, coverage: str | None = None, next_round: str | None = None,
+                 new_subtasks: list[Subtask] | None = None) -> Call[Task]:
+    """Decide a parent's ended round (reviewer): close it, or start a new round of sub-tasks."""
+    return Call("POST", f"/tasks/{_p(task_id)}/round-review", Task, body=RoundReview(
+        decision=decision, notes=notes, goal_clear=goal_clear, coverage=coverage, next_round=next_round,
+        new_subtasks=list(new_subtasks or [])))
+
+
+def collect(*, project: str | None = None, limit: int = 100) -> Call[Collected]:
+    """Take finished tasks (completed without verification, or verified), once each (producer)."""
+    return Call("POST", "/tasks/collect", Collected, body=Collect(project=project, limit=limit))
+
+
+def blockers(*, open: bool | None = None, project: str | None = None, task_id: str | None = None,
+             limit: int = 100) -> Call[BlockerList]:
+    """Blocker records: tasks waiting for a human."""
+    return Call("GET", "/blockers", BlockerList,
+                params={"open": None if open is None else str(open).lower(), "project": project,
+                        "task_id": task_id, "limit": limit})
+
+
+def events(*, since_seq: int = 0, limit: int = 1000, types: list[str] | None = None, stream: str | None = None,
+           project: str | None = None) -> Call[EventPage]:
+    """A page of the global log after `since_seq`; `types` entries ending in '.' are prefixes."""
+    return Call("GET", "/events", EventPage, params={
+        "since_seq": since_seq, "limit": limit, "types": types, "stream": stream, "project": project})
+
+
+def create_job(commands: list[str], *, project: str | None = None, job_id: str | None = None,
+               parallel: bool = False, fail_fast: bool = False, labels: list[str] | None = None) -> Call[Job]:
+    """Start an asynchronous verification job; a runner runs its commands (producer)."""
+    return Call("POST", "/jobs", Job, body=CreateJob(
+        commands=list(commands), project=project, job_id=job_id, parallel=parallel, fail_fast=fail_fast,
+        labels=list(labels or [])))
+
+
+def get_job(job_id: str) -> Call[Job]:
+    """A job's status: state, stage, progress, elapsed and eta."""
+    return Call("GET", f"/jobs/{_p(job_id)}", Job)
+
+
+def job_events(job_id: str, *, since_seq: int = 0, limit: int = 1000) -> Call[StreamPage]:
+    """A job's own stream after `since_seq` (a `stream_seq`)."""
+    return Call("GET", f"/jobs/{_p(job_id)}/events", StreamPage, params={"since_seq": since_seq, "limit": limit})
+
+
+def cancel_job(job_id: str) -> Call[Job]:
+    """Cancel a job (producer)."""
+    return Call("POST", f"/jobs/{_p(job_id)}/cancel", Job)
+
+
+def create_token(role: Literal["admin", "producer", "worker", "reviewer", "reader"], name: str, *,
+                 node: str | None = None) -> Call[TokenCreated]:
+    """A new API token (admin); a worker token needs its node."""
+    return Call("POST", "/tokens", TokenCreated, body=CreateToken(role=role, name=name, node=node))
+
+
+def create_webhook(url: str, secret: str, *, types: list[str] | None = None,
+                   format: Literal["event", "issue"] = "event", since_seq: int | None = None) -> Call[Webhook]:
+    """Register a webhook (admin): events after `since_seq` (default: from now) are
+    POSTed to `url`, signed with `secret`."""
+    return Call("POST", "/webhooks", Webhook, body=CreateWebhook(
+        url=url, secret=secret, types=types, format=format, since_seq=since_seq))
+
+
+def list_webhooks() -> Call[WebhookList]:
+    """Registered webhooks (admin)."""
+    return Call("GET", "/webhooks", WebhookList)
+
+
+def delete_webhook(webhook_id: str) -> Call[None]:
+    """Remove a webhook and its delivery history (admin)."""
+    return Call("DELETE", f"/webhooks/{_p(webhook_id)}", None)
+
+
+def webhook_deliveries(webhook_id: str, *, limit: int = 100) -> Call[DeliveryList]:
+    """The latest delivery attempts of a webhook, newest first (admin)."""
+    return Call("GET", f"/webhooks/{_p(webhook_id)}/deliveries", DeliveryList, params={"limit": limit})
+
+
+class Operations:
+    """Every operation of the service, as methods (sync or async by the client)."""
+
+    create_task = Op(create_task)
+    get_task = Op(get_task)
+    list_tasks = Op(list_tasks)
+    task_events = Op(task_events)
+    claim = Op(claim)
+    start = Op(start)
+    heartbeat = Op(heartbeat)
+    complete = Op(complete)
+    fail = Op(fail)
+    release = Op(release)
+    reassign = Op(reassign)
+    cancel_task = Op(cancel_task)
+    unblock = Op(unblock)
+    review_round = Op(review_round)
+    collect = Op(collect)
+    blockers = Op(blockers)
+    events = Op(events)
+    create_job = Op(create_job)
+    get_job = Op(get_job)
+    job_events = Op(job_events)
+    cancel_job = Op(cancel_job)
+    create_token = Op(create_token)
+    create_webhook = Op(create_webhook)
+    list_webhooks = Op(list_webhooks)
+    delete_webhook = Op(delete_webhook)
+    webhook_deliveries = Op(webhook_deliveries)
