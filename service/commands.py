@@ -19,6 +19,8 @@ from service.writer import Prefetch, UnitOfWork, Writer
 T = TypeVar("T")
 
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
+# Request and correlation ids land in every event's meta: printable, bounded.
+_TRACE_ID = re.compile(r"^[\x20-\x7e]{1,200}$")
 
 
 class Ctx(msgspec.Struct, kw_only=True):
@@ -51,11 +53,14 @@ def ctx_of(request: Request[Any, Any, Any]) -> Ctx:
     if key is not None and not _IDEMPOTENCY_KEY.match(key):
         raise ValidationFailed("Idempotency-Key must be 1-200 printable ASCII characters")
     corr = request.headers.get("x-correlation-id")
-    if corr is not None and len(corr) > 200:
-        raise ValidationFailed("X-Correlation-Id is too long")
+    if corr and not _TRACE_ID.match(corr):
+        raise ValidationFailed("X-Correlation-Id must be 1-200 printable ASCII characters")
+    request_id = request.headers.get("x-request-id")
+    if request_id and not _TRACE_ID.match(request_id):
+        raise ValidationFailed("X-Request-Id must be 1-200 printable ASCII characters")
     return Ctx(
         principal=p,
-        request_id=request.headers.get("x-request-id") or uuid.uuid4().hex,
+        request_id=request_id or uuid.uuid4().hex,
         idempotency_key=key,
         correlation_id=corr,
     )

@@ -20,6 +20,7 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     pool_min: int = 2
     pool_max: int = 10
     batch_max: int = 256
+    writer_queue_max: int = 10_000
     max_body_bytes: int = 4 * 1024 * 1024
     escalate_after_seconds: int = 3600
     sweep_interval_seconds: float = 1.0

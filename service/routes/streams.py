@@ -27,7 +27,7 @@ from events.errors import JobNotFound, TaskNotFound, ValidationFailed
 from service import server_signals
 from service.auth import Principal
 from service.live import Filter, Hub, Row, frame
-from service.routes.common import SinceSeq, check_id, split_types
+from service.routes.common import MAX_STREAM_SEQ, SinceSeq, StreamSinceSeq, check_id, split_types
 from service.settings import Settings
 
 log = logging.getLogger("taskledger.sse")
@@ -141,6 +141,8 @@ async def _one_stream(
     missing: type[TaskNotFound] | type[JobNotFound],
 ) -> ASGIApp:
     pool: asyncpg.Pool = request.app.state.pool
+    if cursor is not None and cursor > MAX_STREAM_SEQ:
+        raise ValidationFailed(f"cursor {cursor} is beyond any stream_seq ({MAX_STREAM_SEQ})")
     row = await pool.fetchrow(
         "SELECT (SELECT seq FROM log_head WHERE id = 1) AS head, "
         "(SELECT max(stream_seq) FROM events WHERE stream = $1) AS last, "
@@ -184,7 +186,7 @@ class StreamController(Controller):
     @get("/tasks/{task_id:str}/stream", operation_id="streamTask", media_type="text/event-stream",
          summary="Follow one task's stream over SSE (cursor: stream_seq)")
     async def task(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str], *, since_seq: SinceSeq = None,
+        self, request: Request[Any, Any, Any], task_id: FromPath[str], *, since_seq: StreamSinceSeq = None,
         last_event_id: LastEventId = None, types: Types = None,
     ) -> ASGIApp:
         check_id(task_id, "task id")
@@ -194,7 +196,7 @@ class StreamController(Controller):
     @get("/jobs/{job_id:str}/stream", operation_id="streamJob", media_type="text/event-stream",
          summary="Follow one job's stream over SSE (cursor: stream_seq)")
     async def job(
-        self, request: Request[Any, Any, Any], job_id: FromPath[str], *, since_seq: SinceSeq = None,
+        self, request: Request[Any, Any, Any], job_id: FromPath[str], *, since_seq: StreamSinceSeq = None,
         last_event_id: LastEventId = None, types: Types = None,
     ) -> ASGIApp:
         check_id(job_id, "job id")
