@@ -172,7 +172,8 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = ()) -> Lit
                               metrics=state.metrics, on_commit=on_commit)
         await state.writer.start()
         state.metrics.gauge("writer_queue_depth", lambda: state.writer.queue_depth)
-        background: list[asyncio.Task[Any]] = []
+        background: list[asyncio.Task[Any]] = [
+            asyncio.create_task(state.tokens.run(), name="taskledger-token-revalidation")]
         state.background = background
         for hook in [*(getattr(m, "startup", None) for m in modules), *extra_startup]:
             if hook is None:

@@ -56,7 +56,7 @@ async def _bootstrap_admin(url: str) -> str | None:
             exists = await conn.fetchval("SELECT 1 FROM tokens WHERE role = 'admin' AND revoked_at IS NULL")
             if exists:
                 return None
-            return await create_token(conn, role="admin", name="admin", node=None)
+            return (await create_token(conn, role="admin", name="admin", node=None)).token
         finally:
             await conn.execute("SELECT pg_advisory_unlock(7461)")
     finally:
@@ -120,7 +120,9 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     async def go() -> str:
         conn = await asyncpg.connect(url)
         try:
-            return await create_token(conn, role=args.role, name=args.name, node=args.node)
+            new = await create_token(conn, role=args.role, name=args.name, node=args.node,
+                                     expires_in_seconds=args.expires_in_seconds)
+            return new.token
         finally:
             await conn.close()
 
@@ -161,8 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--role", required=True, choices=["admin", "producer", "worker", "reviewer", "reader"])
     c.add_argument("--name", required=True)
     c.add_argument("--node", default=None)
+    c.add_argument("--expires-in-seconds", type=int, default=None, help="the token stops working after this")
     add_db_flags(c)
     c.set_defaults(func=cmd_token_create)
+    from service.cli_admin import register_token_commands
+
+    register_token_commands(tsub)
 
     for name in _CLI_MODULES:
         importlib.import_module(name).register(sub)

@@ -30,6 +30,10 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     sse_queue_max: int = 1000
     max_streams_per_token: int = 64
     stream_token_ttl_seconds: int = 300
+    idempotency_ttl_seconds: int = 24 * 3600
+    audit_key: str | None = None  # PEM file of the Ed25519 signing key (default: under data_dir)
+    audit_checkpoint_every_events: int = 1000  # 0: not by count
+    audit_checkpoint_every_seconds: float = 60.0  # 0: not by time
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -21,6 +21,8 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from litestar.testing import AsyncTestClient
 
 from service.app import create_app
@@ -30,6 +32,12 @@ from service.settings import Settings
 
 ADMIN_TOKEN = "test-admin-" + uuid.uuid4().hex
 ROOT = Path(__file__).resolve().parent.parent
+# One audit signing key for the session, outside the repository; checkpoints
+# off unless a test asks for them, so tests that count events count theirs.
+AUDIT_KEY = Path(tempfile.mkdtemp(prefix="tl-test-key-")) / "audit.pem"
+AUDIT_KEY.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+    Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+NO_CHECKPOINTS: dict[str, Any] = {"audit_checkpoint_every_events": 0, "audit_checkpoint_every_seconds": 0}
 
 
 def _run(coro: Any) -> Any:
@@ -112,7 +120,7 @@ async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 def settings_for(db_url: str, **kw: Any) -> Settings:
     base: dict[str, Any] = {"database_url": db_url, "admin_token": ADMIN_TOKEN, "migrate_on_start": False,
-                            "sweep_interval_seconds": 0.2}
+                            "sweep_interval_seconds": 0.2, "audit_key": str(AUDIT_KEY), **NO_CHECKPOINTS}
     base.update(kw)
     return Settings(**base)
 
@@ -187,7 +195,8 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
                "--port", str(self.port), "--server", self.server, "--workers", str(self.workers)]
         env = {**os.environ, "TASKLEDGER_ADMIN_TOKEN": ADMIN_TOKEN,
-               "TASKLEDGER_SWEEP_INTERVAL_SECONDS": "0.2", **self.extra_env}
+               "TASKLEDGER_SWEEP_INTERVAL_SECONDS": "0.2", "TASKLEDGER_AUDIT_KEY": str(AUDIT_KEY),
+               **{"TASKLEDGER_" + k.upper(): str(v) for k, v in NO_CHECKPOINTS.items()}, **self.extra_env}
         env.pop("TASKLEDGER_DATABASE_URL", None)
         if self.db_url:
             cmd += ["--database-url", self.db_url]

@@ -45,7 +45,7 @@ from litestar.params import FromPath, JSONBody
 from events import jobs as job_events
 from events import tasks as task_events
 from events.errors import NotFound, ValidationFailed
-from service.auth import Principal, hash_token
+from service.auth import LIVE_TOKEN_SQL, Principal, TokenStore, hash_token
 from service.settings import Settings
 
 COOKIE: Final = "tl_session"
@@ -125,7 +125,7 @@ def _b64(raw: bytes) -> str:
 class Sessions:
     """Issues and checks the signed session cookies; resolves them to a principal."""
 
-    CACHE_TTL = 30.0
+    CACHE_TTL = TokenStore.TTL
 
     def __init__(self, pool: asyncpg.Pool, secret: bytes, *, ttl: int, admin_token: str | None) -> None:
         self._pool = pool
@@ -168,8 +168,7 @@ class Sessions:
         hit = self._cache.get(token_hash)
         if cached and hit is not None and hit[0] > now:
             return hit[1]
-        row = await self._pool.fetchrow(
-            "SELECT name, role, node FROM tokens WHERE token_hash = $1 AND revoked_at IS NULL", token_hash)
+        row = await self._pool.fetchrow(LIVE_TOKEN_SQL, token_hash)
         p = None if row is None else Principal(
             name=row["name"], role=row["role"], node=row["node"], token_hash=token_hash)
         if len(self._cache) > 10_000:

@@ -122,6 +122,7 @@ def _open(request: Request[Any, Any, Any], flt: Filter, pos: int, by_stream_seq:
     # sse-starlette sets `stop` when the server is shutting down (uvicorn); the
     # stream then ends cleanly within the grace period instead of being cut.
     stop = anyio.Event()
+    request.app.state.tokens.watch(user, stop)  # a revoked or expired token's streams end
     response = _EventSource(
         _events(hub, flt, pos, by_stream_seq, stop),
         ping=settings.sse_keepalive_seconds,

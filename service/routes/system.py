@@ -6,12 +6,14 @@ import logging
 from typing import Annotated, Any, Literal
 
 import msgspec
-from litestar import Controller, Request, Response, get, post
-from litestar.params import JSONBody, QueryParameter
+from datetime import datetime
+
+from litestar import Controller, Request, Response, delete, get, post
+from litestar.params import JSONBody, Parameter, QueryParameter
 
 from events import store
-from events.errors import ValidationFailed
-from service.auth import Principal, create_token, requires
+from events.errors import NotFound, ValidationFailed
+from service.auth import Principal, TokenInfo, create_token, list_tokens, requires, revoke_token
 from service.routes.common import SinceSeq, split_types
 
 log = logging.getLogger("taskledger.system")
@@ -21,13 +23,25 @@ class TokenRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     role: Literal["admin", "producer", "worker", "reviewer", "reader"]
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@ -]+$")]
     node: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")] | None = None
+    expires_in_seconds: Annotated[int, msgspec.Meta(ge=1, le=10 * 366 * 86400)] | None = None
 
 
 class TokenResponse(msgspec.Struct, kw_only=True):
+    id: str
     token: str
     name: str
     role: str
     node: str | None
+    expires_at: datetime | None
+
+
+class TokenList(msgspec.Struct, kw_only=True):
+    tokens: list[TokenInfo]
+
+
+class TokenNotFound(NotFound):
+    code = "token_not_found"
+    title = "Token not found"
 
 
 class EventPage(msgspec.Struct, kw_only=True):
@@ -64,8 +78,27 @@ class SystemController(Controller):
     async def create(self, request: Request[Any, Any, Any], data: JSONBody[TokenRequest]) -> TokenResponse:
         if data.role == "worker" and data.node is None:
             raise ValidationFailed("a worker token needs a node")
-        secret = await create_token(request.app.state.pool, role=data.role, name=data.name, node=data.node)
-        return TokenResponse(token=secret, name=data.name, role=data.role, node=data.node)
+        new = await create_token(request.app.state.pool, role=data.role, name=data.name, node=data.node,
+                                 expires_in_seconds=data.expires_in_seconds)
+        return TokenResponse(id=new.id, token=new.token, name=data.name, role=data.role, node=data.node,
+                             expires_at=new.expires_at)
+
+    @get("/tokens", operation_id="listTokens", tags=["auth"], guards=[requires("admin")])
+    async def list_tokens(self, request: Request[Any, Any, Any]) -> TokenList:
+        return TokenList(tokens=await list_tokens(request.app.state.pool))
+
+    @delete("/tokens/{token_id:int}", operation_id="revokeToken", tags=["auth"], guards=[requires("admin")],
+            status_code=200)
+    async def revoke(
+        self, request: Request[Any, Any, Any],
+        token_id: Annotated[int, Parameter(ge=1, le=2**62)],
+    ) -> TokenInfo:
+        """Revoke a token: every replica refuses it within a second, and its open
+        streams end. Revoking again answers the same record."""
+        info = await revoke_token(request.app.state.pool, token_id)
+        if info is None:
+            raise TokenNotFound(f"token {token_id} does not exist")
+        return info
 
     @get("/events", operation_id="listEvents", tags=["events"])
     async def events(
