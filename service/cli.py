@@ -8,7 +8,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -129,6 +129,16 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     print(asyncio.run(go()))
     del handle
     return 0
+
+
+def command_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """The environment for a command the worker or runner runs: theirs without any
+    TASKLEDGER_* variable (a spec must not read the token, the database URL or the
+    audit key), plus `extra`."""
+    base = os.environ if base is None else base
+    env = {k: v for k, v in base.items() if not k.startswith("TASKLEDGER_")}
+    env.update(extra)
+    return env
 
 
 def add_db_flags(p: argparse.ArgumentParser) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from service.cli import add_client_flags
+from service.cli import add_client_flags, command_env
 
 TAIL = 4000
 
@@ -65,7 +65,7 @@ class Worker:
 
     async def run_command(self, task: dict[str, Any], command: str) -> tuple[int, str, float]:
         """Run `command` with the shell while heartbeating; returns (exit code, output tail, seconds)."""
-        env = dict(os.environ, TASKLEDGER_TASK_ID=task["id"], TASKLEDGER_ATTEMPT=str(task.get("attempt", 1)),
+        env = command_env(TASKLEDGER_TASK_ID=task["id"], TASKLEDGER_ATTEMPT=str(task.get("attempt", 1)),
                    TASKLEDGER_PARENT_TASK_ID=task.get("parent_task_id") or "",
                    TASKLEDGER_REWORK_NOTES=json.dumps(task.get("rework_notes") or []))
         start = time.monotonic()
