@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from datetime import UTC, datetime
@@ -183,26 +184,41 @@ ROUTES = [AdminController, verify_audit, audit_key]
 async def _checkpointer(app: Any) -> None:
     """Append a signed checkpoint when one is due. The look is cheap and outside
     the head lock; the writer's command looks again under the lock, so replicas
-    that find it due together still append one checkpoint between them."""
+    that find it due together still append one checkpoint between them. This
+    process's commits wake it as soon as `every_events` have passed; other
+    replicas' commits are seen at the next tick."""
     state = app.state
     settings = state.settings
     every_events, every_seconds = settings.audit_checkpoint_every_events, settings.audit_checkpoint_every_seconds
-    interval = min(1.0, every_seconds) if every_seconds else 1.0
+    tick = min(1.0, every_seconds) if every_seconds else 1.0
     key = state.audit_key
     started_at = datetime.now(UTC)
+    wake = asyncio.Event()
+    last_seen = [0]
+
+    def on_commit(head: int) -> None:
+        if every_events and head - last_seen[0] >= every_events:
+            wake.set()
+
+    state.commit_listeners.append(on_commit)
 
     async def command(uow: Any) -> None:
         await audit.append_checkpoint(uow.log, key, every_events=every_events, every_seconds=every_seconds,
                                       started_at=started_at)
 
     while True:
-        await asyncio.sleep(interval)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), tick)
+        wake.clear()
         try:
             row = await state.pool.fetchrow(audit.checkpoint_due_sql())
-            if row is not None and audit.checkpoint_due(
-                    int(row["head"]), row["seq"], row["recorded_at"], datetime.now(UTC), every_events, every_seconds,
-                    started_at):
+            if row is None:
+                continue
+            last_seen[0] = int(row["seq"] or 0)
+            if audit.checkpoint_due(int(row["head"]), row["seq"], row["recorded_at"], datetime.now(UTC),
+                                    every_events, every_seconds, started_at):
                 await state.writer.submit(command)
+                last_seen[0] = int(row["head"])
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the database is down, the writer busy: the next pass retries
