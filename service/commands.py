@@ -100,12 +100,15 @@ async def run(
         request.method.encode() + b" " + request.url.path.encode() + b" " + canonical_json(parsed)
     ).hexdigest()
     token = ctx.principal.token_hash
+    ttl = float(request.app.state.settings.idempotency_ttl_seconds)
 
     async def with_key(uow: UnitOfWork) -> T | Stored:
+        # A key older than the TTL is forgotten, whether or not the sweep has
+        # deleted its row yet: the request then runs as new.
         row = await uow.fetchrow(
             "SELECT request_hash, status, response::text AS response FROM idempotency_keys "
-            "WHERE token_hash = $1 AND key = $2",
-            token, key,
+            "WHERE token_hash = $1 AND key = $2 AND created_at > now() - make_interval(secs => $3)",
+            token, key, ttl,
         )
         if row is not None:
             if row["request_hash"] != request_hash:
@@ -116,7 +119,9 @@ async def run(
         result = await fn(uow)
         await uow.execute(
             "INSERT INTO idempotency_keys (token_hash, key, request_hash, status, response) "
-            "VALUES ($1, $2, $3, $4, $5::jsonb)",
+            "VALUES ($1, $2, $3, $4, $5::jsonb) ON CONFLICT (token_hash, key) DO UPDATE SET "
+            "request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response, "
+            "created_at = now()",
             token, key, request_hash, status, msgspec.json.encode(result).decode(),
         )
         return result

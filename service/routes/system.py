@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Annotated, Any, Literal
 
@@ -129,3 +130,29 @@ class SystemController(Controller):
             head_seq=head_seq,
         )
 ROUTES = [SystemController]
+
+
+async def _forget_old_idempotency_keys(app: Any) -> None:
+    """Delete idempotency keys past their TTL (lookups ignore them already), a
+    bounded batch at a time, so the table stays the size of a day's writes."""
+    state = app.state
+    ttl = float(state.settings.idempotency_ttl_seconds)
+    while True:
+        try:
+            n = await state.pool.fetchval(
+                "WITH old AS (SELECT token_hash, key FROM idempotency_keys "
+                "WHERE created_at < now() - make_interval(secs => $1) LIMIT 10000), "
+                "gone AS (DELETE FROM idempotency_keys i USING old "
+                "WHERE i.token_hash = old.token_hash AND i.key = old.key RETURNING 1) "
+                "SELECT count(*) FROM gone", ttl)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the database is down: try again later
+            log.warning("forgetting old idempotency keys failed: %r", e)
+            n = 0
+        await asyncio.sleep(1 if n else min(60.0, max(ttl / 10, 1.0)))
+
+
+def startup(app: Any) -> None:
+    app.state.background.append(
+        asyncio.create_task(_forget_old_idempotency_keys(app), name="taskledger-idempotency-ttl"))
