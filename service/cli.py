@@ -104,6 +104,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     url, handle = _database_url(args)
     applied = asyncio.run(_migrate(url))
     print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
+    if args.app_role:
+        from service.cli_admin import grant_app_role
+
+        rc = grant_app_role(url, args.app_role, os.environ.get("TASKLEDGER_APP_ROLE_PASSWORD"))
+        if rc:
+            return rc
     del handle
     return 0
 
@@ -164,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("migrate", help="apply pending migrations and exit")
+    p.add_argument("--app-role", default=None, metavar="NAME",
+                   help="also create or update NAME, a role that may only read and append the event log "
+                        "(password from TASKLEDGER_APP_ROLE_PASSWORD); serve as it (docs/SECURITY.md)")
     add_db_flags(p)
     p.set_defaults(func=cmd_migrate)
 

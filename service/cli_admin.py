@@ -336,6 +336,32 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     return 1
 
 
+# ------------------------------------------------------------------ migrate --app-role
+
+
+def grant_app_role(url: str, role: str, password: str | None) -> int:
+    from service import migrate
+
+    async def go() -> list[str]:
+        conn = await asyncpg.connect(url)
+        try:
+            return await migrate.grant_app_role(conn, role, password)
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(go())
+    except ValueError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except asyncpg.InsufficientPrivilegeError as e:
+        print(f"creating the app role needs the right to create roles and grant on every table: {e}",
+              file=sys.stderr)
+        return 1
+    print(f"app role {role}: SELECT and INSERT on events; serve with a database URL that connects as {role}")
+    return 0
+
+
 # ------------------------------------------------------------------ tokens
 
 
