@@ -117,8 +117,9 @@ async def append_checkpoint(
         last = await log.conn.fetchrow(
             "SELECT seq, recorded_at FROM events WHERE stream = $1 ORDER BY stream_seq DESC LIMIT 1",
             CHECKPOINT_STREAM)
-        if not checkpoint_due(log.head_seq, last and int(last["seq"]), last and last["recorded_at"], log.now,
-                              every_events, every_seconds, started_at or log.now):
+        last_seq, last_at = (None, None) if last is None else (int(last["seq"]), last["recorded_at"])
+        if not checkpoint_due(log.head_seq, last_seq, last_at, log.now, every_events, every_seconds,
+                              started_at or log.now):
             return None
     data = checkpoint_data(key, log.head_seq, log.head_hash)
     (ev,) = await log.append(CHECKPOINT_STREAM, [NewEvent(type=CHECKPOINT_TYPE, data=data)],

@@ -32,7 +32,7 @@ log = logging.getLogger("taskledger.auth")
 ROLES: Final = ("admin", "producer", "worker", "reviewer", "reader")
 
 # A token that is revoked or past its expiry matches nothing here.
-LIVE_TOKEN_SQL: Final = (
+LIVE_BEARER_SQL: Final = (
     "SELECT id, name, role, node, expires_at FROM tokens WHERE token_hash = $1 "
     "AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())")
 
@@ -134,7 +134,7 @@ class TokenStore:
         now = time.monotonic()
         if hit is not None and hit[0] > now and (hit[2] is None or hit[2] > time.time()):
             return hit[1]
-        row = await self._pool.fetchrow(LIVE_TOKEN_SQL, h)
+        row = await self._pool.fetchrow(LIVE_BEARER_SQL, h)
         if row is None:
             self._cache.pop(h, None)
             return None

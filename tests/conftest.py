@@ -144,7 +144,8 @@ async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 def settings_for(db_url: str, **kw: Any) -> Settings:
     base: dict[str, Any] = {"database_url": as_app_role(db_url), "admin_token": ADMIN_TOKEN,
-                            "migrate_on_start": False, "sweep_interval_seconds": 0.2, "audit_key": str(AUDIT_KEY), **NO_CHECKPOINTS}
+                            "migrate_on_start": False, "sweep_interval_seconds": 0.2, "audit_key": str(AUDIT_KEY),
+                            **NO_CHECKPOINTS}
     base.update(kw)
     return Settings(**base)
 

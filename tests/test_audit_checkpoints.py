@@ -4,6 +4,7 @@ its tail and resets the head to a valid prefix, is caught."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 from pathlib import Path
@@ -100,7 +101,7 @@ async def test_replicas_checkpointing_together_append_no_storm(db_url: str) -> N
     assert len(cps) >= 4, cps  # 48 task events: due several times
     assert len(cps) <= 48 // every + 1, cps
     # each checkpoint comes at least `every` events after the one before: no replica doubled one
-    assert all(later[1] - earlier[0] >= every for earlier, later in zip(cps, cps[1:], strict=False)), cps
+    assert all(later[1] - earlier[0] >= every for earlier, later in itertools.pairwise(cps)), cps
 
 
 @pytest.mark.parametrize("forge", [False, True])

@@ -97,7 +97,7 @@ def test_a_revocation_reaches_every_replica_within_a_second_and_ends_its_streams
         time.sleep(0.5)
         revoked_at = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "service.cli", "token", "revoke", tid, "--database-url",
-                              db_url], cwd=ROOT, capture_output=True, text=True, timeout=60)
+                              db_url], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
         assert out.returncode == 0, out.stderr
         assert f"revoked token {tid}" in out.stdout
         refused = {}
@@ -111,7 +111,8 @@ def test_a_revocation_reaches_every_replica_within_a_second_and_ends_its_streams
         t.join(timeout=15)  # one keep-alive is 15 s; the revalidation ends it far sooner
         assert ended and ended[0] - revoked_at < 3.0
         listed = subprocess.run([sys.executable, "-m", "service.cli", "token", "list", "--json",
-                                 "--database-url", db_url], cwd=ROOT, capture_output=True, text=True, timeout=60)
+                                 "--database-url", db_url], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                                check=False)
         assert listed.returncode == 0 and secret not in listed.stdout
         row = next(json.loads(ln) for ln in listed.stdout.splitlines() if json.loads(ln)["id"] == tid)
         assert row["revoked_at"] is not None and row["role"] == "reader"

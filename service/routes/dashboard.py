@@ -45,7 +45,7 @@ from litestar.params import FromPath, JSONBody
 from events import jobs as job_events
 from events import tasks as task_events
 from events.errors import NotFound, ValidationFailed
-from service.auth import LIVE_TOKEN_SQL, Principal, TokenStore, hash_token
+from service.auth import LIVE_BEARER_SQL, Principal, TokenStore, hash_token
 from service.settings import Settings
 
 COOKIE: Final = "tl_session"
@@ -168,7 +168,7 @@ class Sessions:
         hit = self._cache.get(token_hash)
         if cached and hit is not None and hit[0] > now:
             return hit[1]
-        row = await self._pool.fetchrow(LIVE_TOKEN_SQL, token_hash)
+        row = await self._pool.fetchrow(LIVE_BEARER_SQL, token_hash)
         p = None if row is None else Principal(
             name=row["name"], role=row["role"], node=row["node"], token_hash=token_hash)
         if len(self._cache) > 10_000:

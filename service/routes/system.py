@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import msgspec
-from datetime import datetime
-
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import JSONBody, Parameter, QueryParameter
 
