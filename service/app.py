@@ -21,6 +21,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.types import ASGIApp, Receive, Scope, Send
 
+from service import openapi_docs
 from service.auth import PUBLIC_PATHS, AuthMiddleware, TokenStore
 from service.metrics import Metrics
 from service.migrate import migrate
@@ -224,4 +225,5 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = ()) -> Lit
         ),
         debug=False,
     )
+    openapi_docs.install(app)
     return app
