@@ -100,6 +100,8 @@ def complete(doc: dict[str, Any]) -> dict[str, Any]:
                 responses[str(status)] = _problem(status)
             if public:
                 op["security"] = []
+            if op.get("operationId") == "rebuildProjections" and "202" in responses:
+                responses["200"] = {**responses["202"], "description": "with wait: true, the finished rebuild"}
             if op.get("operationId") in _EMPTY_204:
                 responses["204"] = {"description": "nothing to claim now"}
             if "204" in responses:

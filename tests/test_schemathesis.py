@@ -28,7 +28,7 @@ def test_the_api_answers_as_its_committed_document_says_to_generated_requests(
         out = subprocess.run(
             [str(Path(sys.executable).with_name("st")), "--no-color", "run", str(ROOT / "openapi" / "openapi.json"),
              "--url", s.base, "-H", f"Authorization: Bearer {ADMIN_TOKEN}", "--checks", CHECKS,
-             "--max-examples", os.environ.get("TL_SCHEMATHESIS_EXAMPLES", "25"), "--seed", "13",
+             "--max-examples", os.environ.get("TL_SCHEMATHESIS_EXAMPLES", "60"), "--seed", "13",
              "--exclude-path-regex", "/stream$", "--phases", "examples,coverage,fuzzing",
              "--request-timeout", "20"],
             cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
