@@ -29,6 +29,7 @@ from service.migrate import migrate
 from tests.conftest import ADMIN_TOKEN, ServerProcess
 
 DRILLS = ("pg_fast_restart", "pg_stopped_8s", "pg_kill_9", "service_kill_9")
+# "baseline": the same load and follower, no fault (for the figures)
 
 
 @dataclass
@@ -50,7 +51,7 @@ class DrillResult:
         return self.follower_ids == list(range(1, self.head + 1))
 
     def row(self) -> str:
-        refused = ", ".join(f"{'conn' if k == 0 else k}×{v}" for k, v in sorted(self.refused.items())) or "-"
+        refused = ", ".join(f"{'conn' if k == 0 else k}x{v}" for k, v in sorted(self.refused.items())) or "-"
         return (f"| {self.drill} | {self.acked} | {self.attempts} | {refused} | {len(self.missing)} | "
                 f"{len(self.duplicated)} | {'yes' if self.follower_contiguous() else 'NO'} | "
                 f"{self.fault_seconds:.2f} | {self.recovery_seconds:.2f} | {self.max_write_gap_seconds:.2f} |")
@@ -179,7 +180,7 @@ async def _check_log(url: str, acked: list[str], res: DrillResult) -> None:
 
 def run_drill(drill: str, root: Path, *, writers: int = 4, before: float = 3.0, after: float = 4.0) -> DrillResult:
     """One drill on its own embedded PostgreSQL under `root`."""
-    assert drill in DRILLS, drill
+    assert drill in (*DRILLS, "baseline"), drill
     handle, url = start_embedded(root / "pg")
     asyncio.run(_migrate(url))
     servers = [ServerProcess(url).start()]
@@ -215,6 +216,8 @@ def _inject(drill: str, handle: Any, url: str, servers: list[ServerProcess], loa
         _pg_ctl(handle, "-m", "fast", "stop")
         time.sleep(8)
         _pg_start(handle)
+    elif drill == "baseline":
+        pass
     elif drill == "pg_kill_9":
         os.kill(int(handle.get_pid()), signal.SIGKILL)
         time.sleep(0.5)
