@@ -195,7 +195,13 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = ()) -> Lit
                 t.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await state.writer.stop()
-            await state.pool.close()
+            try:
+                # graceful: waits for every acquired connection to come back; a
+                # task cancelled inside acquire() can leave one out for good
+                await asyncio.wait_for(state.pool.close(), 5)
+            except TimeoutError:
+                log.warning("the connection pool did not close in 5 s; terminating it")
+                state.pool.terminate()
 
     metrics = Metrics()
     modules = _modules()
