@@ -10,9 +10,9 @@ Last-Event-ID. After a few seconds the fault is injected; the drill reports the
 acknowledged writes, the attempts, what was refused (status x count; conn = no
 answer), acknowledged writes missing from the log, task ids created twice,
 whether the follower's ids are exactly 1..head, how long the fault lasted
-(injection until PostgreSQL or the service was back), the recovery time
-(injection until the first write acknowledged after it) and the longest gap
-between two acknowledged writes. The baseline is the same load with no fault.
+(injection until PostgreSQL or the service was back), the recovery time (from
+then until the next acknowledged write) and the longest gap between two
+acknowledged writes (the outage as the writers saw it). The baseline is the same load with no fault.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class DrillResult:
     head: int = 0
     chain_ok: bool = False
     fault_seconds: float = 0.0  # how long the fault itself lasted (injection to PostgreSQL/service back)
-    recovery_seconds: float = 0.0  # injection to the first acknowledged write after it
+    recovery_seconds: float = 0.0  # from PostgreSQL/the service back to the next acknowledged write
     max_write_gap_seconds: float = 0.0  # longest time without an acknowledged write
 
     def follower_contiguous(self) -> bool:
@@ -240,12 +240,13 @@ def _inject(drill: str, handle: Any, url: str, servers: list[ServerProcess], loa
         again = ServerProcess(url)
         again.port, again.base = port, servers[0].base
         servers.append(again.start())
-    res.fault_seconds = time.monotonic() - t0
-    deadline = time.monotonic() + 60
-    while not any(at > t0 for _, at in load.acked) and time.monotonic() < deadline:
+    back = time.monotonic()
+    res.fault_seconds = back - t0
+    deadline = back + 60
+    while not any(at > back for _, at in load.acked) and time.monotonic() < deadline:
         time.sleep(0.05)
-    first_after = min((at for _, at in load.acked if at > t0), default=float("nan"))
-    res.recovery_seconds = first_after - t0
+    first_after = min((at for _, at in load.acked if at > back), default=float("nan"))
+    res.recovery_seconds = first_after - back
     time.sleep(after)
 
 
