@@ -38,6 +38,7 @@ bench: $(STAMP)  ## run every benchmark (a quarter of an hour; figures in docs/B
 	$(BIN)/python -m bench.sse_catchup
 	$(BIN)/python -m bench.rebuild
 	$(BIN)/python -m bench.jobs_memory
+	$(BIN)/python -m bench.fault_drills
 
 acceptance:  ## the black-box acceptance suite from ../shared
 	../shared/acceptance/run.sh
