@@ -42,6 +42,7 @@ bench: $(STAMP)  ## run every benchmark (a quarter of an hour; figures in docs/B
 	$(BIN)/python -m bench.sse_catchup
 	$(BIN)/python -m bench.rebuild
 	$(BIN)/python -m bench.jobs_memory
+	$(BIN)/python -m bench.fault_drills
 
 cluster: $(STAMP)  ## 3 replicas behind HAProxy on 127.0.0.1:8080 and a PostgreSQL of their own; Ctrl-C stops all (CLUSTER_ARGS=--standby ...)
 	$(BIN)/python -m deploy.cluster $(CLUSTER_ARGS)

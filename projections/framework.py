@@ -251,6 +251,10 @@ async def create_shadow(conn: asyncpg.Connection, live: str, suffix: str, *, tem
         f"CREATE {'TEMP ' if temp else ''}TABLE {name} (LIKE {live} INCLUDING DEFAULTS "
         "INCLUDING CONSTRAINTS INCLUDING GENERATED INCLUDING IDENTITY INCLUDING STORAGE)"
     )
+    if not temp:  # the swapped-in table keeps the live one's owner (the app role: sql/ and docs/SECURITY.md)
+        await conn.execute(f"DO $$ BEGIN EXECUTE format('ALTER TABLE {name} OWNER TO %I', "
+                           f"(SELECT tableowner FROM pg_tables WHERE tablename = '{live}' "
+                           f"AND schemaname = current_schema())); END $$")
     rows = await conn.fetch(
         """SELECT c.conname, pg_get_constraintdef(c.oid) AS def, c.conindid
            FROM pg_constraint c WHERE c.conrelid = $1::regclass AND c.contype IN ('p', 'u', 'x')

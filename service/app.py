@@ -21,10 +21,11 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.types import ASGIApp, Receive, Scope, Send
 
+from service import openapi_docs
 from service.auth import PUBLIC_PATHS, AuthMiddleware, TokenStore
 from service.metrics import Metrics
 from service.migrate import migrate
-from service.problems import exception_handlers
+from service.problems import exception_handlers, status_of
 from service.settings import Settings
 from service.writer import Writer
 
@@ -33,6 +34,10 @@ log = logging.getLogger("taskledger")
 # JSON strings cannot carry U+0000 into jsonb; an escaped NUL is refused up front
 # (an even run of backslashes before it is an escaped backslash, not an escape).
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+MAX_JSON_DEPTH = 64
+# Everything but the bytes that open, close or quote: what is left of a body is
+# short, and walking it finds the nesting depth without decoding anything.
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"\\')
 
 
 # Resource modules: each has ROUTES, and may have startup(app) / shutdown(app).
@@ -61,11 +66,48 @@ def _flatten(handlers: list[Any]) -> list[Any]:
     return out
 
 
-async def _reject_nul(request: Request[Any, Any, Any]) -> None:
-    if request.method in ("POST", "PUT", "PATCH"):
+def json_depth(body: bytes) -> int:
+    """How deeply arrays and objects nest in `body` (brackets inside strings do not count)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for b in body.translate(None, _NOT_STRUCTURE):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif b == 0x5C:  # backslash
+                escaped = True
+            elif b == 0x22:
+                in_string = False
+        elif b == 0x22:
+            in_string = True
+        elif b in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif b in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+async def _reject_bad_input(request: Request[Any, Any, Any]) -> None:
+    """Input no handler can store, refused before any handler runs: a NUL in the
+    query (PostgreSQL text cannot hold one), a body that is not UTF-8, a NUL in a
+    JSON string, or JSON nested deeper than MAX_JSON_DEPTH (the decoder and the
+    canonical JSON of the hash chain are recursive)."""
+    qs = request.scope.get("query_string", b"")
+    if b"%00" in qs or b"\x00" in qs:
+        raise ValidationException("query parameters may not contain NUL (%00)")
+    if request.method in ("POST", "PUT", "PATCH", "DELETE"):
         body = await request.body()
+        if not body:
+            return
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValidationException(f"the body is not valid UTF-8 (byte {e.start})") from e
         if _NUL_ESCAPE.search(body):
             raise ValidationException("strings may not contain U+0000")
+        if json_depth(body) > MAX_JSON_DEPTH:
+            raise ValidationException(f"JSON may nest at most {MAX_JSON_DEPTH} levels deep")
 
 
 def _metrics_middleware(metrics: Metrics) -> Callable[[ASGIApp], ASGIApp]:
@@ -86,6 +128,12 @@ def _metrics_middleware(metrics: Metrics) -> Callable[[ASGIApp], ASGIApp]:
 
             try:
                 await app(scope, receive, send_wrapper)
+            except Exception as e:
+                # raised by a middleware (401 from authentication, 503 when the
+                # token lookup finds no database): the exception handler outside
+                # this one answers with this status
+                status = status_of(e)
+                raise
             finally:
                 route = scope.get("path_template") or "unmatched"
                 metrics.observe_request(method, route, status, time.perf_counter() - start)
@@ -122,10 +170,12 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = ()) -> Lit
             for fn in listeners:
                 fn(head)
 
-        state.writer = Writer(dsn, batch_max=settings.batch_max, metrics=state.metrics, on_commit=on_commit)
+        state.writer = Writer(dsn, batch_max=settings.batch_max, queue_max=settings.writer_queue_max,
+                              metrics=state.metrics, on_commit=on_commit)
         await state.writer.start()
         state.metrics.gauge("writer_queue_depth", lambda: state.writer.queue_depth)
-        background: list[asyncio.Task[Any]] = []
+        background: list[asyncio.Task[Any]] = [
+            asyncio.create_task(state.tokens.run(), name="taskledger-token-revalidation")]
         state.background = background
         for hook in [*(getattr(m, "startup", None) for m in modules), *extra_startup]:
             if hook is None:
@@ -146,7 +196,13 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = ()) -> Lit
                 t.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await state.writer.stop()
-            await state.pool.close()
+            try:
+                # graceful: waits for every acquired connection to come back; a
+                # task cancelled inside acquire() can leave one out for good
+                await asyncio.wait_for(state.pool.close(), 5)
+            except TimeoutError:
+                log.warning("the connection pool did not close in 5 s; terminating it")
+                state.pool.terminate()
 
     metrics = Metrics()
     modules = _modules()
@@ -157,7 +213,7 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = ()) -> Lit
         lifespan=[lifespan],
         state=state,
         exception_handlers=exception_handlers,
-        before_request=_reject_nul,
+        before_request=_reject_bad_input,
         middleware=[
             _metrics_middleware(metrics),
             DefineMiddleware(AuthMiddleware, exclude=[f"^{p}" for p in PUBLIC_PATHS] + ["^/$", "^/static/", "^/ui/"]),
@@ -176,4 +232,5 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = ()) -> Lit
         ),
         debug=False,
     )
+    openapi_docs.install(app)
     return app

@@ -9,7 +9,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -59,7 +59,7 @@ async def _bootstrap_admin(url: str) -> str | None:
             exists = await conn.fetchval("SELECT 1 FROM tokens WHERE role = 'admin' AND revoked_at IS NULL")
             if exists:
                 return None
-            return await create_token(conn, role="admin", name="admin", node=None)
+            return (await create_token(conn, role="admin", name="admin", node=None)).token
         finally:
             await conn.execute("SELECT pg_advisory_unlock(7461)")
     finally:
@@ -122,6 +122,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     url, handle = _database_url(args)
     applied = asyncio.run(_migrate(url))
     print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
+    if args.app_role:
+        from service.cli_admin import grant_app_role
+
+        rc = grant_app_role(url, args.app_role, os.environ.get("TASKLEDGER_APP_ROLE_PASSWORD"))
+        if rc:
+            return rc
     del handle
     return 0
 
@@ -138,13 +144,25 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     async def go() -> str:
         conn = await asyncpg.connect(url)
         try:
-            return await create_token(conn, role=args.role, name=args.name, node=args.node)
+            new = await create_token(conn, role=args.role, name=args.name, node=args.node,
+                                     expires_in_seconds=args.expires_in_seconds)
+            return new.token
         finally:
             await conn.close()
 
     print(asyncio.run(go()))
     del handle
     return 0
+
+
+def command_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """The environment for a command the worker or runner runs: theirs without any
+    TASKLEDGER_* variable (a spec must not read the token, the database URL or the
+    audit key), plus `extra`."""
+    base = os.environ if base is None else base
+    env = {k: v for k, v in base.items() if not k.startswith("TASKLEDGER_")}
+    env.update(extra)
+    return env
 
 
 def add_db_flags(p: argparse.ArgumentParser) -> None:
@@ -170,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("migrate", help="apply pending migrations and exit")
+    p.add_argument("--app-role", default=None, metavar="NAME",
+                   help="also create or update NAME, a role that may only read and append the event log "
+                        "(password from TASKLEDGER_APP_ROLE_PASSWORD); serve as it (docs/SECURITY.md)")
     add_db_flags(p)
     p.set_defaults(func=cmd_migrate)
 
@@ -179,8 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--role", required=True, choices=["admin", "producer", "worker", "reviewer", "reader"])
     c.add_argument("--name", required=True)
     c.add_argument("--node", default=None)
+    c.add_argument("--expires-in-seconds", type=int, default=None, help="the token stops working after this")
     add_db_flags(c)
     c.set_defaults(func=cmd_token_create)
+    from service.cli_admin import register_token_commands
+
+    register_token_commands(tsub)
 
     for name in _CLI_MODULES:
         importlib.import_module(name).register(sub)

@@ -263,16 +263,170 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
     return rc
 
 
+def cmd_audit_checkpoint(args: argparse.Namespace) -> int:
+    from events import audit
+    from events.store import EVENT_ROW_SQL, LogTx, event_json
+    from service.audit_key import load_or_create
+    from service.settings import Settings
+
+    key = load_or_create(Settings.from_env(data_dir=args.data_dir))
+    url, handle = _connect_url(args)
+
+    async def go() -> str:
+        conn = await asyncpg.connect(url)
+        try:
+            async with conn.transaction():
+                log = await LogTx.begin(conn)
+                ev = await audit.append_checkpoint(log, key)
+                await log.finish()
+            assert ev is not None
+            row = await conn.fetchrow(f"SELECT {EVENT_ROW_SQL} FROM events WHERE seq = $1", ev.seq)
+            return audit.compact(event_json(row))
+        finally:
+            await conn.close()
+
+    print(asyncio.run(go()))
+    del handle
+    return 0
+
+
+def _read_lines(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return f.readlines()
+
+
 def cmd_audit_verify(args: argparse.Namespace) -> int:
     from events import audit
 
-    with open(args.file, encoding="utf-8") as f:
-        v = audit.verify_lines(f)
+    key = None
+    given: list[tuple[int, str, int, str]] = []
+    try:
+        if args.public_key is not None:
+            text = args.public_key
+            if os.path.isfile(text):
+                text = "".join(_read_lines(text))
+            key = audit.parse_public_key(text)
+        if args.checkpoint:
+            if key is None:
+                print("--checkpoint needs --public-key: a checkpoint is only as good as its signature",
+                      file=sys.stderr)
+                return 2
+            for path in args.checkpoint:
+                given += audit.parse_checkpoints(_read_lines(path), key)
+        with open(args.file, encoding="utf-8") as f:
+            v = audit.verify_lines(f, public_key=key, checkpoints=given)
+    except OSError as e:
+        print(f"cannot read {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except UnicodeDecodeError as e:
+        print(f"not a UTF-8 text file (byte {e.start}): not an audit export", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"invalid input: {e}", file=sys.stderr)
+        return 2
+    if v.malformed:
+        print(f"MALFORMED at line {v.line}: {v.reason}", file=sys.stderr)
+        return 2
     if v.ok:
-        print(f"ok: {v.count} events, seq {v.first_seq}..{v.last_seq}, last hash {v.last_hash}")
+        signed = (f", {v.checkpoints} signed checkpoint(s)" if key is not None else
+                  " (no --public-key: checkpoint signatures not checked)")
+        given_note = f", through {v.external_checkpoints} given checkpoint(s)" if given else ""
+        print(f"ok: {v.count} events, seq {v.first_seq}..{v.last_seq}, last hash {v.last_hash}{signed}{given_note}")
         return 0
     print(f"FAILED at line {v.line}: first bad seq {v.first_bad_seq}: {v.reason}")
     return 1
+
+
+# ------------------------------------------------------------------ migrate --app-role
+
+
+def grant_app_role(url: str, role: str, password: str | None) -> int:
+    from service import migrate
+
+    async def go() -> list[str]:
+        conn = await asyncpg.connect(url)
+        try:
+            return await migrate.grant_app_role(conn, role, password)
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(go())
+    except ValueError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except asyncpg.InsufficientPrivilegeError as e:
+        print(f"creating the app role needs the right to create roles and grant on every table: {e}",
+              file=sys.stderr)
+        return 1
+    print(f"app role {role}: SELECT and INSERT on events; serve with a database URL that connects as {role}")
+    return 0
+
+
+# ------------------------------------------------------------------ tokens
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    from service.auth import list_tokens
+
+    url, handle = _connect_url(args)
+
+    async def go() -> list[Any]:
+        conn = await asyncpg.connect(url)
+        try:
+            return await list_tokens(conn)
+        finally:
+            await conn.close()
+
+    tokens = asyncio.run(go())
+    if args.json:
+        for t in tokens:
+            print(msgspec.json.encode(t).decode())
+    else:
+        from rich.table import Table
+
+        table = Table()
+        for col in ("id", "name", "role", "node", "created", "expires", "revoked"):
+            table.add_column(col)
+        for t in tokens:
+            table.add_row(t.id, t.name, t.role, t.node or "-", f"{t.created_at:%Y-%m-%d %H:%M:%S}",
+                          f"{t.expires_at:%Y-%m-%d %H:%M:%S}" if t.expires_at else "-",
+                          f"{t.revoked_at:%Y-%m-%d %H:%M:%S}" if t.revoked_at else "-")
+        _console().print(table)
+    del handle
+    return 0
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    from service.auth import revoke_token
+
+    url, handle = _connect_url(args)
+
+    async def go() -> Any:
+        conn = await asyncpg.connect(url)
+        try:
+            return await revoke_token(conn, args.id)
+        finally:
+            await conn.close()
+
+    info = asyncio.run(go())
+    del handle
+    if info is None:
+        print(f"token {args.id} does not exist", file=sys.stderr)
+        return 1
+    print(f"revoked token {info.id} ({info.name}, {info.role}) at {info.revoked_at:%Y-%m-%d %H:%M:%S%z}")
+    return 0
+
+
+def register_token_commands(tsub: Any) -> None:
+    p = tsub.add_parser("list", help="list tokens: id, name, role, node, created, expires, revoked (no secrets)")
+    p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    add_db_flags(p)
+    p.set_defaults(func=cmd_token_list)
+    p = tsub.add_parser("revoke", help="revoke a token by id; every replica refuses it within a second")
+    p.add_argument("id", type=int)
+    add_db_flags(p)
+    p.set_defaults(func=cmd_token_revoke)
 
 
 def register(sub: Any) -> None:
@@ -304,9 +458,18 @@ def register(sub: Any) -> None:
     e.add_argument("--output", "-o", default=None, help="file (default: stdout)")
     add_db_flags(e)
     e.set_defaults(func=cmd_audit_export)
-    v = asub.add_parser("verify", help="recompute an export's hash chain; exit 1 naming the first bad event")
+    v = asub.add_parser("verify", help="recompute an export's hash chain and check its signed checkpoints; "
+                                       "exit 1 naming the first bad event, 2 when the input is malformed")
     v.add_argument("file")
+    v.add_argument("--public-key", default=None,
+                   help="the key GET /audit/key publishes (base64), or a file holding it")
+    v.add_argument("--checkpoint", action="append", default=[],
+                   help="a file of checkpoints kept outside the database (repeatable)")
     v.set_defaults(func=cmd_audit_verify)
+    c = asub.add_parser("checkpoint", help="append a signed checkpoint over the head now; print it as one "
+                                           "JSON line, to keep outside the database")
+    add_db_flags(c)
+    c.set_defaults(func=cmd_audit_checkpoint)
 
 
 def main(argv: Sequence[str]) -> int:  # pragma: no cover - convenience for python -m

@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 
+from service.cli import command_env
+
 TERMINAL = ("completed", "failed", "cancelled")
 
 
@@ -151,7 +153,7 @@ class JobRun:
         # Its own session, so a cancel can kill the whole process group (the shell
         # and whatever it started), not just the shell.
         proc = await asyncio.create_subprocess_shell(
-            cmd, start_new_session=True, stdin=asyncio.subprocess.DEVNULL
+            cmd, start_new_session=True, stdin=asyncio.subprocess.DEVNULL, env=command_env()
         )
         waiter = asyncio.ensure_future(proc.wait())
         stopper = asyncio.ensure_future(self.stop.wait())

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from service.cli import add_client_flags
+from service.cli import add_client_flags, command_env
 
 TAIL = 4000
 
@@ -67,12 +67,12 @@ class Worker:
         """Run `command` with the shell while heartbeating; returns (exit code, output tail, seconds)."""
         # A verifier's checks learn which checker of the panel they run for (so a
         # panel's checkers can differ) and whose work they judge.
-        env = dict(os.environ, TASKLEDGER_TASK_ID=task["id"], TASKLEDGER_ATTEMPT=str(task.get("attempt", 1)),
-                   TASKLEDGER_TASK_TYPE=task.get("task_type") or "implement",
-                   TASKLEDGER_CHECKER=task.get("checker") or "",
-                   TASKLEDGER_PARENT_TASK_ID=task.get("parent_task_id") or "",
-                   TASKLEDGER_NOTES=task.get("operator_notes") or "",
-                   TASKLEDGER_REWORK_NOTES=json.dumps(task.get("rework_notes") or []))
+        env = command_env(TASKLEDGER_TASK_ID=task["id"], TASKLEDGER_ATTEMPT=str(task.get("attempt", 1)),
+                          TASKLEDGER_TASK_TYPE=task.get("task_type") or "implement",
+                          TASKLEDGER_CHECKER=task.get("checker") or "",
+                          TASKLEDGER_PARENT_TASK_ID=task.get("parent_task_id") or "",
+                          TASKLEDGER_NOTES=task.get("operator_notes") or "",
+                          TASKLEDGER_REWORK_NOTES=json.dumps(task.get("rework_notes") or []))
         start = time.monotonic()
         proc = await asyncio.create_subprocess_shell(
             command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,

@@ -19,6 +19,8 @@ from service.writer import Prefetch, UnitOfWork, Writer
 T = TypeVar("T")
 
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
+# Request and correlation ids land in every event's meta: printable, bounded.
+_TRACE_ID = re.compile(r"^[\x20-\x7e]{1,200}$")
 
 
 class Ctx(msgspec.Struct, kw_only=True):
@@ -51,11 +53,14 @@ def ctx_of(request: Request[Any, Any, Any]) -> Ctx:
     if key is not None and not _IDEMPOTENCY_KEY.match(key):
         raise ValidationFailed("Idempotency-Key must be 1-200 printable ASCII characters")
     corr = request.headers.get("x-correlation-id")
-    if corr is not None and len(corr) > 200:
-        raise ValidationFailed("X-Correlation-Id is too long")
+    if corr and not _TRACE_ID.match(corr):
+        raise ValidationFailed("X-Correlation-Id must be 1-200 printable ASCII characters")
+    request_id = request.headers.get("x-request-id")
+    if request_id and not _TRACE_ID.match(request_id):
+        raise ValidationFailed("X-Request-Id must be 1-200 printable ASCII characters")
     return Ctx(
         principal=p,
-        request_id=request.headers.get("x-request-id") or uuid.uuid4().hex,
+        request_id=request_id or uuid.uuid4().hex,
         idempotency_key=key,
         correlation_id=corr,
     )
@@ -95,12 +100,15 @@ async def run(
         request.method.encode() + b" " + request.url.path.encode() + b" " + canonical_json(parsed)
     ).hexdigest()
     token = ctx.principal.token_hash
+    ttl = float(request.app.state.settings.idempotency_ttl_seconds)
 
     async def with_key(uow: UnitOfWork) -> T | Stored:
+        # A key older than the TTL is forgotten, whether or not the sweep has
+        # deleted its row yet: the request then runs as new.
         row = await uow.fetchrow(
             "SELECT request_hash, status, response::text AS response FROM idempotency_keys "
-            "WHERE token_hash = $1 AND key = $2",
-            token, key,
+            "WHERE token_hash = $1 AND key = $2 AND created_at > now() - make_interval(secs => $3)",
+            token, key, ttl,
         )
         if row is not None:
             if row["request_hash"] != request_hash:
@@ -111,7 +119,9 @@ async def run(
         result = await fn(uow)
         await uow.execute(
             "INSERT INTO idempotency_keys (token_hash, key, request_hash, status, response) "
-            "VALUES ($1, $2, $3, $4, $5::jsonb)",
+            "VALUES ($1, $2, $3, $4, $5::jsonb) ON CONFLICT (token_hash, key) DO UPDATE SET "
+            "request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response, "
+            "created_at = now()",
             token, key, request_hash, status, msgspec.json.encode(result).decode(),
         )
         return result

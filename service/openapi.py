@@ -6,14 +6,13 @@ import json
 import sys
 from typing import Any
 
+from service import openapi_docs
 from service.app import create_app
 from service.settings import Settings
 
 
 def document() -> dict[str, Any]:
-    app = create_app(Settings(database_url="postgresql://unused/none"))
-    schema: dict[str, Any] = app.openapi_schema.to_schema()
-    return schema
+    return openapi_docs.document(create_app(Settings(database_url="postgresql://unused/none")))
 
 
 def render() -> str:

@@ -11,7 +11,7 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from events.errors import DomainError
-from service.writer import WriterUnavailable
+from service.writer import WriterOverloaded, WriterUnavailable
 
 log = logging.getLogger("taskledger.http")
 
@@ -43,6 +43,32 @@ def _domain(_: Request[Any, Any, Any], exc: DomainError) -> Response[Any]:
     return problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
 
 
+RETRY_AFTER_SECONDS = 1
+
+# The driver's ways of saying "the database is not there right now": refused or
+# vanished sockets (OSError), a closed connection, a server starting up or
+# shutting down (SQLSTATE class 57: operator intervention), a pool that could not
+# hand out a connection in time.
+DATABASE_DOWN: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.OperatorInterventionError,
+    OSError,
+    TimeoutError,
+)
+
+
+def status_of(exc: BaseException) -> int:
+    """The status the handlers below answer `exc` with (for the request metrics)."""
+    if isinstance(exc, HTTPException):
+        return exc.status_code
+    if isinstance(exc, DomainError):
+        return exc.status
+    if isinstance(exc, (WriterUnavailable, WriterOverloaded, *DATABASE_DOWN)):
+        return 503
+    return 500
+
+
 def _http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     status = exc.status_code
     code, title = _CODES.get(status, ("error", "Error"))
@@ -52,20 +78,35 @@ def _http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
         extra["errors"] = exc.extra
     if status == 413:
         detail = "the request body is larger than this service accepts"
-    headers = exc.headers or None
+    headers = dict(exc.headers or {})
+    if status == 401:
+        headers.setdefault("WWW-Authenticate", "Bearer")
+    if status == 503:
+        headers.setdefault("Retry-After", str(RETRY_AFTER_SECONDS))
     r = problem(status, code, title, str(detail), **extra)
     if headers:
         r.headers.update(headers)
     return r
 
 
+def _retry_later(status: int, code: str, title: str, detail: str) -> Response[Any]:
+    r = problem(status, code, title, detail)
+    r.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return r
+
+
 def _unavailable(_: Request[Any, Any, Any], exc: WriterUnavailable) -> Response[Any]:
-    return problem(503, "unavailable", "Service unavailable", str(exc))
+    return _retry_later(503, "unavailable", "Service unavailable", str(exc))
+
+
+def _overloaded(_: Request[Any, Any, Any], exc: WriterOverloaded) -> Response[Any]:
+    return _retry_later(503, "overloaded", "Service overloaded", str(exc))
 
 
 def _database_down(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    # The driver's text names hosts, sockets and users: it goes to the log only.
     log.warning("database unavailable on %s %s: %r", request.method, request.url.path, exc)
-    return problem(503, "unavailable", "Service unavailable", "the database is not reachable; retry later")
+    return _retry_later(503, "unavailable", "Service unavailable", "the database is not reachable; retry later")
 
 
 def _internal(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
@@ -78,9 +119,7 @@ exception_handlers: dict[Any, Any] = {
     DomainError: _domain,
     HTTPException: _http,
     WriterUnavailable: _unavailable,
-    asyncpg.PostgresConnectionError: _database_down,
-    asyncpg.InterfaceError: _database_down,
-    asyncpg.CannotConnectNowError: _database_down,
-    ConnectionError: _database_down,
+    WriterOverloaded: _overloaded,
+    **dict.fromkeys(DATABASE_DOWN, _database_down),
     Exception: _internal,
 }

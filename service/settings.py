@@ -20,6 +20,7 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     pool_min: int = 2
     pool_max: int = 10
     batch_max: int = 256
+    writer_queue_max: int = 10_000
     max_body_bytes: int = 4 * 1024 * 1024
     escalate_after_seconds: int = 3600
     sweep_interval_seconds: float = 1.0
@@ -44,6 +45,10 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     webhook_timeout_seconds: float = 10.0
     webhook_retry_base_seconds: float = 1.0  # a failed delivery is retried after 1, 2, 4, ... s
     webhook_retry_max_seconds: float = 300.0
+    idempotency_ttl_seconds: int = 24 * 3600
+    audit_key: str | None = None  # PEM file of the Ed25519 signing key (default: under data_dir)
+    audit_checkpoint_every_events: int = 1000  # 0: not by count
+    audit_checkpoint_every_seconds: float = 60.0  # 0: not by time
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -145,17 +145,23 @@ class WriterUnavailable(Exception):
     pass
 
 
+class WriterOverloaded(Exception):
+    """The queue is full: answering later beats a latency nobody bounded."""
+
+
 class Writer:
     def __init__(
         self,
         dsn: str,
         *,
         batch_max: int = 256,
+        queue_max: int = 10_000,
         metrics: Metrics | None = None,
         on_commit: Callable[[int], None] | None = None,
     ) -> None:
         self._dsn = dsn
         self._batch_max = batch_max
+        self._queue_max = queue_max
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._conn: asyncpg.Connection | None = None
         self._task: asyncio.Task[None] | None = None
@@ -197,6 +203,10 @@ class Writer:
         batch loads them for all its commands in one query per kind."""
         if self._closing:
             raise WriterUnavailable("the service is shutting down")
+        if self._queue.qsize() >= self._queue_max:
+            if self._metrics is not None:
+                self._metrics.counters["writer_overloaded_total"] += 1
+            raise WriterOverloaded(f"{self._queue_max} commands are already waiting; retry later")
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Item(fn, fut, prefetch))
         return await fut

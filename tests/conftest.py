@@ -21,13 +21,15 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from litestar.testing import AsyncTestClient
 
 from service.app import create_app
 from service.embedded import with_database
-from service.migrate import migrate
+from service.migrate import grant_app_role, migrate
 from service.settings import Settings
 
 ADMIN_TOKEN = "test-admin-" + uuid.uuid4().hex
@@ -44,6 +46,31 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 ROOT = Path(__file__).resolve().parent.parent
+# One audit signing key for the session, outside the repository; checkpoints
+# off unless a test asks for them, so tests that count events count theirs.
+AUDIT_KEY = Path(tempfile.mkdtemp(prefix="tl-test-key-")) / "audit.pem"
+AUDIT_KEY.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+    Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+NO_CHECKPOINTS: dict[str, Any] = {"audit_checkpoint_every_events": 0, "audit_checkpoint_every_seconds": 0}
+
+
+# With TASKLEDGER_TEST_APP_ROLE set, the service under test (in process or as a
+# server) connects as that role, made by `migrate --app-role` in the template:
+# the suite then proves the service needs no more than that role may do. The
+# fixtures themselves stay the database owner.
+APP_ROLE = os.environ.get("TASKLEDGER_TEST_APP_ROLE") or None
+_TEST_URLS: set[str] = set()
+
+
+def as_app_role(url: str) -> str:
+    """`url` connecting as the app role, when the suite runs as one and `url` is a `db_url`."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if not APP_ROLE or url not in _TEST_URLS:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, f"{APP_ROLE}@{host}", parts.path, parts.query, parts.fragment))
 
 
 def _run(coro: Any) -> Any:
@@ -85,6 +112,8 @@ def template_db(pg_url: str) -> Iterator[str]:
         c = await asyncpg.connect(with_database(pg_url, name))
         try:
             await migrate(c)
+            if APP_ROLE:
+                await grant_app_role(c, APP_ROLE)
         finally:
             await c.close()
 
@@ -111,7 +140,10 @@ def fresh_database(pg_url: str, template: str) -> str:
 def db_url(pg_url: str, template_db: str) -> Iterator[str]:
     """A fresh, migrated database for one test."""
     name = fresh_database(pg_url, template_db)
-    yield with_database(pg_url, name)
+    url = with_database(pg_url, name)
+    _TEST_URLS.add(url)
+    yield url
+    _TEST_URLS.discard(url)
     _run(_drop(pg_url, name))
 
 
@@ -125,8 +157,9 @@ async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 
 def settings_for(db_url: str, **kw: Any) -> Settings:
-    base: dict[str, Any] = {"database_url": db_url, "admin_token": ADMIN_TOKEN, "migrate_on_start": False,
-                            "sweep_interval_seconds": 0.2}
+    base: dict[str, Any] = {"database_url": as_app_role(db_url), "admin_token": ADMIN_TOKEN,
+                            "migrate_on_start": False, "sweep_interval_seconds": 0.2, "audit_key": str(AUDIT_KEY),
+                            **NO_CHECKPOINTS}
     base.update(kw)
     return Settings(**base)
 
@@ -187,7 +220,7 @@ class ServerProcess:
 
     def __init__(self, db_url: str | None, *, data_dir: Path | None = None, server: str = "granian",
                  env: dict[str, str] | None = None, workers: int = 1) -> None:
-        self.db_url = db_url
+        self.db_url = as_app_role(db_url) if db_url else db_url
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
@@ -201,7 +234,8 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
                "--port", str(self.port), "--server", self.server, "--workers", str(self.workers)]
         env = {**os.environ, "TASKLEDGER_ADMIN_TOKEN": ADMIN_TOKEN,
-               "TASKLEDGER_SWEEP_INTERVAL_SECONDS": "0.2", **self.extra_env}
+               "TASKLEDGER_SWEEP_INTERVAL_SECONDS": "0.2", "TASKLEDGER_AUDIT_KEY": str(AUDIT_KEY),
+               **{"TASKLEDGER_" + k.upper(): str(v) for k, v in NO_CHECKPOINTS.items()}, **self.extra_env}
         env.pop("TASKLEDGER_DATABASE_URL", None)
         if self.db_url:
             cmd += ["--database-url", self.db_url]

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import asyncpg
 import msgspec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from litestar import Controller, Request, Response, get, post
 from litestar.params import JSONBody, QueryParameter
 
 from events import audit
 from events.errors import Conflict, ValidationFailed
 from projections import framework
+from service.audit_key import load_or_create
 from service.auth import requires
 
 log = logging.getLogger("taskledger.admin")
@@ -131,20 +135,99 @@ class AdminController(Controller):
         return Response(RebuildAccepted(rebuilds=[runs[p.name] for p in chosen]), status_code=202)
 
 
-@get("/audit/verify", operation_id="verifyAuditChain", tags=["audit"])
+async def _verify_in_thread(dsn: str, from_seq: int, to_seq: int | None,
+                            key: Ed25519PublicKey) -> audit.VerifyResult:
+    """Hashing the whole log is CPU work: it runs on its own loop in a worker
+    thread, with its own connection, so the service's loop keeps serving."""
+
+    async def go() -> audit.VerifyResult:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await audit.verify_table(conn, from_seq, to_seq, public_key=key)
+        finally:
+            await conn.close()
+
+    return await asyncio.to_thread(asyncio.run, go())
+
+
+@get("/audit/verify", operation_id="verifyAuditChain", tags=["audit"], guards=[requires("admin")])
 async def verify_audit(
     request: Request[Any, Any, Any],
     from_seq: Annotated[int | None, QueryParameter(ge=1, le=2**62)] = None,
     to_seq: Annotated[int | None, QueryParameter(ge=1, le=2**62)] = None,
 ) -> audit.VerifyResult:
+    """Recompute the hash chain, and check every signed checkpoint on the way."""
     if from_seq is not None and to_seq is not None and to_seq < from_seq:
         raise ValidationFailed("to_seq must not be below from_seq")
-    async with request.app.state.pool.acquire() as conn:
-        return await audit.verify_table(conn, from_seq or 1, to_seq)
+    state = request.app.state
+    return await _verify_in_thread(state.settings.database_url, from_seq or 1, to_seq,
+                                   state.audit_key.public_key())
 
 
-ROUTES = [AdminController, verify_audit]
+class AuditKey(msgspec.Struct, kw_only=True):
+    algorithm: str
+    public_key: str
+    key_id: str
+
+
+@get("/audit/key", operation_id="getAuditKey", tags=["audit"])
+async def audit_key(request: Request[Any, Any, Any]) -> AuditKey:
+    """The public key that signs `audit.checkpoint` events (base64 of the raw 32
+    bytes): what `taskledger audit verify --public-key` takes."""
+    pub = request.app.state.audit_key.public_key()
+    return AuditKey(algorithm="Ed25519", public_key=audit.public_key_text(pub), key_id=audit.key_id(pub))
+
+
+ROUTES = [AdminController, verify_audit, audit_key]
+
+
+async def _checkpointer(app: Any) -> None:
+    """Append a signed checkpoint when one is due. The look is cheap and outside
+    the head lock; the writer's command looks again under the lock, so replicas
+    that find it due together still append one checkpoint between them. This
+    process's commits wake it as soon as `every_events` have passed; other
+    replicas' commits are seen at the next tick."""
+    state = app.state
+    settings = state.settings
+    every_events, every_seconds = settings.audit_checkpoint_every_events, settings.audit_checkpoint_every_seconds
+    tick = min(1.0, every_seconds) if every_seconds else 1.0
+    key = state.audit_key
+    started_at = datetime.now(UTC)
+    wake = asyncio.Event()
+    last_seen = [0]
+
+    def on_commit(head: int) -> None:
+        if every_events and head - last_seen[0] >= every_events:
+            wake.set()
+
+    state.commit_listeners.append(on_commit)
+
+    async def command(uow: Any) -> None:
+        await audit.append_checkpoint(uow.log, key, every_events=every_events, every_seconds=every_seconds,
+                                      started_at=started_at)
+
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), tick)
+        wake.clear()
+        try:
+            row = await state.pool.fetchrow(audit.checkpoint_due_sql())
+            if row is None:
+                continue
+            last_seen[0] = int(row["seq"] or 0)
+            if audit.checkpoint_due(int(row["head"]), row["seq"], row["recorded_at"], datetime.now(UTC),
+                                    every_events, every_seconds, started_at):
+                await state.writer.submit(command)
+                last_seen[0] = int(row["head"])
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the database is down, the writer busy: the next pass retries
+            log.warning("audit checkpoint failed: %r", e)
 
 
 def startup(app: Any) -> None:
     app.state.rebuilds = {}
+    app.state.audit_key = load_or_create(app.state.settings)
+    settings = app.state.settings
+    if settings.audit_checkpoint_every_events or settings.audit_checkpoint_every_seconds:
+        app.state.background.append(asyncio.create_task(_checkpointer(app), name="taskledger-audit-checkpoints"))

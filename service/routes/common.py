@@ -18,7 +18,17 @@ ID_PATTERN: Final = r"^[A-Za-z0-9._:-]{1,128}$"
 _ID = re.compile(ID_PATTERN)
 
 Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
-SinceSeq = Annotated[int | None, QueryParameter(ge=0, le=2**62, required=False)]
+
+# The columns' ranges: a cursor past them is a 400 here, not an overflow in
+# PostgreSQL. `seq` is a bigint; `stream_seq` an integer.
+MAX_SEQ: Final = 2**62
+MAX_STREAM_SEQ: Final = 2**31 - 1
+
+SinceSeq = Annotated[int | None, QueryParameter(ge=0, le=MAX_SEQ, required=False)]
+"""A cursor over the global `seq`."""
+StreamSinceSeq = Annotated[int | None, QueryParameter(
+    ge=0, le=MAX_STREAM_SEQ, required=False, description="a position in the stream (stream_seq)")]
+"""A cursor over one stream's `stream_seq`."""
 
 
 def check_id(value: str, what: str = "id") -> str:

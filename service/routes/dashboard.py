@@ -58,7 +58,7 @@ from events.task import events as task_events
 from events.task.state import TaskState
 from projections import framework
 from projections import tasks as views
-from service.auth import Principal, hash_token
+from service.auth import LIVE_BEARER_SQL, Principal, TokenStore, hash_token
 from service.settings import Settings
 
 COOKIE: Final = "tl_session"
@@ -138,7 +138,7 @@ def _b64(raw: bytes) -> str:
 class Sessions:
     """Issues and checks the signed session cookies; resolves them to a principal."""
 
-    CACHE_TTL = 30.0
+    CACHE_TTL = TokenStore.TTL
 
     def __init__(self, pool: asyncpg.Pool, secret: bytes, *, ttl: int, admin_token: str | None) -> None:
         self._pool = pool
@@ -186,8 +186,7 @@ class Sessions:
         hit = self._cache.get(token_hash)
         if cached and hit is not None and hit[0] > now:
             return hit[1]
-        row = await self._pool.fetchrow(
-            "SELECT name, role, node FROM tokens WHERE token_hash = $1 AND revoked_at IS NULL", token_hash)
+        row = await self._pool.fetchrow(LIVE_BEARER_SQL, token_hash)
         p = None if row is None else Principal(
             name=row["name"], role=row["role"], node=row["node"], token_hash=token_hash)
         if len(self._cache) > 10_000:

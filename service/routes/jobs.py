@@ -23,7 +23,7 @@ from projections.jobs import decode_state, replay, stream_of
 from service import job_commands
 from service.auth import requires
 from service.commands import Stored, ctx_of, run
-from service.routes.common import check_id, known_query_only, respond
+from service.routes.common import StreamSinceSeq, check_id, known_query_only, respond
 from service.writer import WriterUnavailable
 
 log = logging.getLogger("taskledger.jobs")
@@ -214,7 +214,7 @@ class JobController(Controller):
         self,
         request: Request[Any, Any, Any],
         job_id: FromPath[str],
-        since_seq: Annotated[int | None, QueryParameter(ge=0, le=2**62, required=False)] = None,
+        since_seq: StreamSinceSeq = None,
         limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 1000,
     ) -> EventsPage:
         """The job's events after `since_seq`, a position in the job's own stream (1, 2, 3, …)."""

@@ -32,7 +32,7 @@ from service import server_signals
 from service.auth import Principal
 from service.live import Filter, Hub, Refusal, Row, frame
 from service.problems import problem
-from service.routes.common import SinceSeq, check_id, split_types
+from service.routes.common import MAX_STREAM_SEQ, SinceSeq, StreamSinceSeq, check_id, split_types
 from service.settings import Settings
 
 log = logging.getLogger("taskledger.sse")
@@ -196,6 +196,7 @@ def _open(request: Request[Any, Any, Any], flt: Filter, pos: int, by_stream_seq:
     # sse-starlette sets `stop` when the server is shutting down (uvicorn); the
     # stream then ends cleanly within the grace period instead of being cut.
     stop = anyio.Event()
+    request.app.state.tokens.watch(request.user, stop)  # a revoked or expired token's streams end
     response = _EventSource(
         _events(hub, flt, pos, by_stream_seq, stop),
         ping=settings.sse_keepalive_seconds,
@@ -217,6 +218,8 @@ async def _one_stream(
 ) -> ASGIApp:
     _admissible(request)
     pool: asyncpg.Pool = request.app.state.pool
+    if cursor is not None and cursor > MAX_STREAM_SEQ:
+        raise ValidationFailed(f"cursor {cursor} is beyond any stream_seq ({MAX_STREAM_SEQ})")
     row = await pool.fetchrow(
         "SELECT (SELECT seq FROM log_head WHERE id = 1) AS head, "
         "(SELECT max(stream_seq) FROM events WHERE stream = $1) AS last, "
@@ -262,7 +265,7 @@ class StreamController(Controller):
     @get("/tasks/{task_id:str}/stream", operation_id="streamTask", media_type="text/event-stream",
          summary="Follow one task's stream over SSE (cursor: stream_seq)")
     async def task(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str], *, since_seq: SinceSeq = None,
+        self, request: Request[Any, Any, Any], task_id: FromPath[str], *, since_seq: StreamSinceSeq = None,
         last_event_id: LastEventId = None, types: Types = None,
     ) -> ASGIApp:
         check_id(task_id, "task id")
@@ -272,7 +275,7 @@ class StreamController(Controller):
     @get("/jobs/{job_id:str}/stream", operation_id="streamJob", media_type="text/event-stream",
          summary="Follow one job's stream over SSE (cursor: stream_seq)")
     async def job(
-        self, request: Request[Any, Any, Any], job_id: FromPath[str], *, since_seq: SinceSeq = None,
+        self, request: Request[Any, Any, Any], job_id: FromPath[str], *, since_seq: StreamSinceSeq = None,
         last_event_id: LastEventId = None, types: Types = None,
     ) -> ASGIApp:
         check_id(job_id, "job id")

@@ -23,7 +23,7 @@ from projections import tasks as views
 from service import task_commands as cmds
 from service.auth import Principal, requires
 from service.commands import Ctx, ctx_of, run
-from service.routes.common import ID_PATTERN, SinceSeq, check_id, known_query_only, respond
+from service.routes.common import ID_PATTERN, StreamSinceSeq, check_id, known_query_only, respond
 from service.writer import UnitOfWork
 
 log = logging.getLogger("taskledger.tasks")
@@ -310,7 +310,7 @@ class TaskController(Controller):
 
     @get("/{task_id:str}/events", operation_id="getTaskEvents")
     async def events(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str], since_seq: SinceSeq = None,
+        self, request: Request[Any, Any, Any], task_id: FromPath[str], since_seq: StreamSinceSeq = None,
         limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 1000,
     ) -> StreamPage:
         check_id(task_id, "task id")
