@@ -149,3 +149,16 @@ def test_the_reference_worker_and_runner_hide_taskledger_credentials_from_comman
         assert "PATH=" in text  # the command did run with an environment
         assert worker not in text and ADMIN_TOKEN not in text and "secret@db" not in text
     assert "TASKLEDGER_TASK_ID=leak" in seen_by_spec.read_text()
+
+
+async def test_concurrent_worker_tokens_with_one_name_on_different_nodes_admit_exactly_one(
+        harness: AppHarness) -> None:
+    rs = await asyncio.gather(*[
+        harness.admin.post("/tokens", {"role": "worker", "name": "racer", "node": f"node-{i}"})
+        for i in range(8)])
+    assert sorted(r.status_code for r in rs) == [201] + [409] * 7
+    # an expired or revoked twin no longer holds the name
+    await _create(harness, role="worker", name="short", node="n-a", expires_in_seconds=1)
+    assert (await harness.admin.post("/tokens", {"role": "worker", "name": "short", "node": "n-b"})).status_code == 409
+    await asyncio.sleep(1.2)
+    assert (await harness.admin.post("/tokens", {"role": "worker", "name": "short", "node": "n-b"})).status_code == 201
