@@ -23,6 +23,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 
 from service import openapi_docs
 from service.auth import PUBLIC_PATHS, AuthMiddleware, TokenStore
+from service.background import cancel_all
 from service.metrics import Metrics
 from service.migrate import migrate
 from service.problems import exception_handlers, status_of
@@ -192,9 +193,7 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = ()) -> Lit
                 res = fn(app)
                 if asyncio.iscoroutine(res):
                     await res
-            for t in background:
-                t.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await cancel_all(background)
             await state.writer.stop()
             try:
                 # graceful: waits for every acquired connection to come back; a

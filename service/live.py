@@ -59,6 +59,7 @@ from typing import Any, Final, Literal, Protocol
 import asyncpg
 
 from events.store import EVENT_ROW_SQL, NOTIFY_CHANNEL, event_json, type_filter_sql
+from service.background import cancel_all
 from service.metrics import Metrics
 
 log = logging.getLogger("taskledger.live")
@@ -207,9 +208,7 @@ class Hub:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), drain_seconds)
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_all([self._task])
         await self._close_conn()
 
     @property
@@ -314,7 +313,7 @@ class Hub:
                 await conn.add_listener(NOTIFY_CHANNEL, self._on_notify)
                 self.connected = True
                 backoff = 0.05
-                while True:
+                while not self._closed:
                     self._wake.clear()
                     await self._drain(conn)
                     if conn.is_closed():
