@@ -245,8 +245,9 @@ class TaskMachine(RuleBasedStateMachine):
             return
         parent = self.w.states.get(s.parent_task_id or "")
         out = self._step(lambda: decide_unblock(s, action, "notes", parent))  # type: ignore[arg-type]
-        if parent is not None and parent.state in ("done", "cancelled"):
-            assert isinstance(out, InvalidTransition)
+        if parent is not None and (parent.state in ("done", "cancelled")
+                                   or (s.subtask_round or 1) < (parent.round or 1)):
+            assert isinstance(out, InvalidTransition), "a sub-task reopened after its round was judged"
             return
         assert not isinstance(out, DomainError)
         after = self.w.states[s.id]

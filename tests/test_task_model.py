@@ -507,6 +507,24 @@ def test_a_sub_task_of_a_closed_goal_stays_blocked() -> None:
     assert decide_unblock(w.states["S1"], "retry", None, None)
 
 
+def test_a_sub_task_of_a_reviewed_round_stays_as_its_round_left_it() -> None:
+    # Found by the state machine's oracle: S1 blocked in round 1, the reviewer
+    # started round 2 knowing it; unblocking S1 then let round 2's review close
+    # the goal (`done`) over a pending S1.
+    w = _round_with_blocked_subtask()
+    w.run(decide_round_review(w.states["P"], Review(decision="NEW_ROUND", **ANSWERS, new_subtasks=[
+        NewTask(id="S3", project="p", title="t", verification=None)]), list(w.states.values()),
+        existing_ids=set(w.states), default_escalation=60))
+    assert (w.states["P"].state, w.states["P"].round) == ("in_progress", 2)
+    for action in ("retry", "reverify"):
+        with pytest.raises(InvalidTransition, match="round 1 was reviewed"):
+            decide_unblock(w.states["S1"], action, None, w.states["P"])  # type: ignore[arg-type]
+    w.make("S3")
+    assert w.states["P"].state == "round_review"
+    with pytest.raises(InvalidTransition, match="round 1 was reviewed"):
+        decide_unblock(w.states["S1"], "retry", None, w.states["P"])
+
+
 def test_a_review_is_refused_while_a_sub_task_of_the_round_is_open() -> None:
     w = _round_with_blocked_subtask()
     p = w.states["P"]
