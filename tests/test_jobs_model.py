@@ -258,3 +258,235 @@ def test_payloads_recorded_with_only_the_required_fields_still_decode() -> None:
         assert job_events.decode(t, b"{}").at == 0.0  # type: ignore[union-attr]
     with pytest.raises(msgspec.ValidationError):
         job_events.decode("job.unknown", b"{}")
+
+
+# ------------------------------------------------------------ exact events and states
+
+
+def _decide(s: job_state.JobState, now: float, **kw: object) -> list[job_events.AnyJobEvent]:
+    return job_rules.decide_report(s, HOLDER, job_rules.Report(**kw), at(now))  # type: ignore[arg-type]
+
+
+def test_each_report_decides_exactly_its_event() -> None:
+    s = _running(["a", "b", "a"])
+    assert _decide(s, 11, event="stage", stage="running") == [job_events.JobStageChanged(stage="running")]
+    assert _decide(s, 11, event="stage", stage="init") == []  # already there
+    assert _decide(s, 11, event="command_started", command="a") == [
+        job_events.JobCommandStarted(command="a", index=0, total=3)]
+    assert _decide(s, 11, event="command_started", command="a", index=2, total=3) == [
+        job_events.JobCommandStarted(command="a", index=2, total=3)]
+    assert _decide(s, 11, event="command_completed", command="b", exit_code=3, duration=1.5) == [
+        job_events.JobCommandCompleted(command="b", exit_code=3, duration=1.5, index=1)]
+    assert _decide(s, 11, event="cache_hit", command="b") == [job_events.JobCacheHit(command="b", index=1)]
+    assert _decide(s, 11, event="command_skipped", command="b", reason="r") == [
+        job_events.JobCommandSkipped(command="b", index=1, reason="r")]
+    assert _decide(s, 11, event="error", error="boom") == [job_events.JobErrorReported(error="boom", command=None)]
+    assert _decide(s, 11, event="error", error="boom", command="a") == [
+        job_events.JobErrorReported(error="boom", command="a")]
+    assert _decide(s, 14, event="heartbeat") == [job_events.JobHeartbeat(elapsed_sec=4.0, eta_sec=None)]
+    done = _report(s, at(12), event="command_completed", command="a", exit_code=0, duration=1.0)
+    assert _decide(done, 16, event="heartbeat") == [job_events.JobHeartbeat(elapsed_sec=6.0, eta_sec=12.0)]
+
+
+def test_a_report_picks_the_first_command_of_that_text_whose_state_allows_it() -> None:
+    s = _running(["a", "a"])
+    s = _report(s, at(11), event="command_started", command="a")
+    assert _decide(s, 12, event="command_started", command="a") == [
+        job_events.JobCommandStarted(command="a", index=1, total=2)]
+    s = _report(s, at(12), event="command_completed", command="a", exit_code=0, duration=1.0)
+    assert [c.state for c in s.commands] == ["succeeded", "pending"]
+    # a completion may come without a start; the running or pending one is taken, never a finished one
+    assert _decide(s, 13, event="command_completed", command="a", exit_code=1, duration=0.5) == [
+        job_events.JobCommandCompleted(command="a", exit_code=1, duration=0.5, index=1)]
+    assert _decide(s, 13, event="cache_hit", command="a") == [job_events.JobCacheHit(command="a", index=1)]
+    s = _report(s, at(13), event="cache_hit", command="a")
+    with pytest.raises(InvalidTransition, match="command 0"):
+        _decide(s, 14, event="command_skipped", command="a")
+    with pytest.raises(InvalidTransition):
+        _decide(s, 14, event="command_completed", command="a", index=1, exit_code=0, duration=1.0)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"event": "command_started"}, "command_started: command is required"),
+    ({"event": "command_started", "command": "a", "total": 2}, "total is 2, but the job has 3 commands"),
+    ({"event": "command_started", "command": "a", "index": 3}, "index 3 is out of range 0..2"),
+    ({"event": "command_started", "command": "a", "index": -1}, "index -1 is out of range 0..2"),
+    ({"event": "command_started", "command": "b", "index": 0}, "command 0 is not 'b'"),
+    ({"event": "cache_hit", "command": "z"}, "'z' is not one of the job's commands"),
+    ({"event": "command_completed", "command": "a", "duration": 1.0}, "exit_code is required"),
+    ({"event": "command_completed", "command": "a", "exit_code": 0}, "duration is required"),
+    ({"event": "error"}, "error \\(the message\\) is required"),
+    ({"event": "error", "error": ""}, "error \\(the message\\) is required"),
+    ({"event": "stage", "stage": "lunch"}, "stage must be one of init, load_cache"),
+    ({"event": "finish"}, "finish: status is required"),
+])
+def test_a_malformed_report_is_refused_with_what_is_wrong(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationFailed, match=message):
+        _decide(_running(), 11, **fields)
+
+
+def test_finish_decides_exactly_by_status_and_a_requested_cancel_wins() -> None:
+    s = _running(["a"])
+    assert _decide(s, 20, event="finish", status="completed", result={"k": 1}) == [
+        job_events.JobCompleted(exit_code=0, result={"k": 1}, at=at(20).timestamp())]
+    assert _decide(s, 20, event="finish", status="completed", exit_code=4) == [
+        job_events.JobCompleted(exit_code=4, result=None, at=at(20).timestamp())]
+    assert _decide(s, 20, event="finish", status="failed", exit_code=2, error="e", result=[1]) == [
+        job_events.JobFailed(exit_code=2, error="e", reason="runner", result=[1], at=at(20).timestamp())]
+    assert _decide(s, 20, event="finish", status="cancelled", exit_code=-15, result="r") == [
+        job_events.JobCancelled(reason="cancelled by the runner", exit_code=-15, runner_status="cancelled",
+                                result="r", at=at(20).timestamp())]
+    assert _decide(s, 20, event="finish", status="cancelled", error="stopped") == [
+        job_events.JobCancelled(reason="stopped", exit_code=None, runner_status="cancelled", result=None,
+                                at=at(20).timestamp())]
+    cancelling = _apply(s, job_rules.decide_cancel(s, at(15)))
+    for status in ("completed", "failed", "cancelled"):
+        assert _decide(cancelling, 21, event="finish", status=status, exit_code=1, result="x") == [
+            job_events.JobCancelled(reason="cancel requested", exit_code=1, runner_status=status, result="x",
+                                    at=at(21).timestamp())]
+
+
+def test_create_claim_cancel_and_expiry_decide_exactly() -> None:
+    cmd = job_rules.CreateJob(job_id="J", commands=["a", "b"], project="p", parallel=True, fail_fast=True,
+                              labels=["x"])
+    assert job_rules.decide_create(cmd, at(0)) == [job_events.JobCreated(
+        job_id="J", commands=["a", "b"], project="p", parallel=True, fail_fast=True, labels=["x"],
+        at=at(0).timestamp())]
+    with pytest.raises(ValidationFailed, match="at least one command"):
+        job_rules.decide_create(job_rules.CreateJob(job_id="J", commands=[]), at(0))
+    with pytest.raises(ValidationFailed, match="may not be blank"):
+        job_rules.decide_create(job_rules.CreateJob(job_id="J", commands=["a", " "]), at(0))
+    pending = _created()
+    assert job_rules.decide_cancel(pending, at(1)) == [
+        job_events.JobCancelled(reason="cancelled before it started", at=at(1).timestamp())]
+    assert job_rules.decide_cancel(pending, at(1), "no") == [job_events.JobCancelled(reason="no", at=at(1).timestamp())]
+    running = _running()
+    assert running.attempt == 1
+    assert job_rules.decide_cancel(running, at(12), "stop") == [
+        job_events.JobCancelRequested(reason="stop", at=at(12).timestamp())]
+    with pytest.raises(JobAlreadyCancelled, match="job J is already cancelled"):
+        job_rules.decide_cancel(_apply(pending, job_rules.decide_cancel(pending, at(1))), at(2))
+    assert job_rules.decide_lease_expired(running, at(100), at(70)) == [job_events.JobFailed(
+        error="runner w1 on node n1 stopped heartbeating: no report for 90 s (lease of 60 s expired)",
+        reason="heartbeat_timeout", at=at(100).timestamp())]
+    # the deadline not yet passed: only the lease's own length counts
+    [ev] = job_rules.decide_lease_expired(running, at(60), at(70))
+    assert isinstance(ev, job_events.JobFailed) and "no report for 60 s" in (ev.error or "")
+    cancelling = _apply(running, job_rules.decide_cancel(running, at(12)))
+    assert job_rules.decide_lease_expired(cancelling, at(100), at(70)) == [job_events.JobCancelled(
+        reason="runner w1 on node n1 stopped heartbeating: no report for 90 s (lease of 60 s expired)",
+        at=at(100).timestamp())]
+    done = _report(running, at(20), event="finish", status="completed")
+    assert job_rules.decide_lease_expired(done, at(100), at(70)) == []
+
+
+def test_refusals_say_why() -> None:
+    with pytest.raises(InvalidTransition, match="job J has not been claimed"):
+        _decide(_created(), 1, event="heartbeat")
+    done = _report(_running(), at(20), event="finish", status="failed")
+    with pytest.raises(InvalidTransition, match="job J is already failed") as e:
+        _decide(done, 21, event="heartbeat")
+    assert e.value.extra == {"job_id": "J", "state": "failed"}
+    with pytest.raises(InvalidTransition, match="job J is running, not pending"):
+        job_rules.decide_claim(_running(), job_rules.Claim(holder=HOLDER, lease_seconds=1), at(1))
+    with pytest.raises(LeaseMismatch) as e2:
+        job_rules.decide_report(_running(), msgspec.structs.replace(HOLDER, token_id="t2"),
+                                job_rules.Report(event="heartbeat"), at(1))
+    assert e2.value.extra == {"job_id": "J"} and "job J" in str(e2.value)
+
+
+def test_evolve_folds_each_event_into_exactly_its_state() -> None:
+    s = _created(["a", "b", "c"], parallel=True, fail_fast=True, labels=["x"])
+    assert s == job_state.JobState(
+        job_id="J", project="p", commands=tuple(job_state.CommandRun(command=c) for c in "abc"), parallel=True,
+        fail_fast=True, labels=("x",), created_at=at(0).timestamp())
+    s = _apply(s, job_rules.decide_claim(s, job_rules.Claim(holder=msgspec.structs.replace(HOLDER, lease_id="L"),
+                                                            lease_seconds=60), at(10)))
+    assert (s.state, s.node, s.worker, s.token_id, s.lease_id, s.lease_seconds, s.attempt, s.started_at) == (
+        "running", "n1", "w1", "tok-1", "L", 60, 1, at(10).timestamp())
+    s = _report(s, at(11), event="stage", stage="parallel")
+    assert s.stage == "parallel"
+    s = _report(s, at(11), event="command_started", command="a")
+    s = _report(s, at(11), event="command_started", command="b")
+    assert (s.current_command, [c.state for c in s.commands]) == ("b", ["running", "running", "pending"])
+    s = _report(s, at(12), event="command_completed", command="b", exit_code=0, duration=1.0)
+    assert s.current_command == "a" and s.commands[1] == job_state.CommandRun(
+        command="b", state="succeeded", exit_code=0, duration=1.0)
+    s = _report(s, at(13), event="command_completed", command="a", exit_code=2, duration=2.0)
+    assert s.current_command is None and s.commands[0] == job_state.CommandRun(
+        command="a", state="failed", exit_code=2, duration=2.0)
+    assert (s.completed_commands, s.failed_commands) == (2, 1)
+    s2 = _report(s, at(14), event="cache_hit", command="c")
+    assert s2.commands[2] == job_state.CommandRun(command="c", state="cached", exit_code=0)
+    assert (s2.completed_commands, s2.failed_commands) == (3, 1)
+    s3 = _report(s, at(14), event="command_skipped", command="c", reason="fail_fast")
+    assert s3.commands[2] == job_state.CommandRun(command="c", state="skipped", reason="fail_fast")
+    s = _report(s, at(14), event="error", error="e1", command="a")
+    s = _report(s, at(14), event="error", error="e2")
+    assert (s.error, s.errors) == ("e2", ("a: e1", "e2"))
+    before = s
+    assert _report(s, at(15), event="heartbeat") == before
+    s = _report(s, at(16), event="command_started", command="c")
+    s = _report(s, at(17), event="finish", status="failed", exit_code=2, error="bad", result={"o": 1})
+    assert (s.state, s.ended_at, s.exit_code, s.current_command, s.error) == (
+        "failed", at(17).timestamp(), 2, None, "bad")
+    assert s.errors == ("a: e1", "e2", "bad")
+    assert s.commands[2].state == "interrupted"
+    assert s.result == {"status": "failed", "exit_code": 2, "completed_commands": 2, "failed_commands": ["a"],
+                        "output": {"o": 1}}
+
+
+def test_evolve_ends_a_job_keeping_what_the_events_say() -> None:
+    s = _running(["a"])
+    done = _report(s, at(20), event="finish", status="completed")
+    assert (done.state, done.exit_code, done.result, done.cancel_requested) == (
+        "completed", 0, {"status": "completed", "exit_code": 0, "completed_commands": 0, "failed_commands": []},
+        False)
+    cancelled = _report(s, at(20), event="finish", status="cancelled", exit_code=-15)
+    assert (cancelled.state, cancelled.error, cancelled.cancel_requested, cancelled.exit_code) == (
+        "cancelled", "cancelled by the runner", True, -15)
+    ended_at_zero = job_state.evolve(s, job_events.JobCompleted())
+    assert ended_at_zero.ended_at is None  # a fact recorded before `at` existed
+    asked = job_state.evolve(_created(), job_events.JobCancelRequested())
+    assert (asked.state, asked.cancel_requested) == ("pending", True)
+    many = s
+    for i in range(25):
+        many = job_state.evolve(many, job_events.JobErrorReported(error=f"e{i}"))
+    assert many.errors == tuple(f"e{i}" for i in range(5, 25))
+    failed = job_state.evolve(many, job_events.JobFailed(error="last"))
+    assert failed.errors[-1] == "last" and len(failed.errors) == 20
+    assert job_state.evolve(failed, job_events.JobFailed()).error == "last"
+    for bad in (job_events.JobCommandStarted(command="z", index=5, total=1),
+                job_events.JobCommandCompleted(command="z", index=-1, exit_code=0, duration=0.0),
+                job_events.JobCacheHit(command="z", index=1), job_events.JobCommandSkipped(command="z", index=1)):
+        assert job_state.evolve(s, bad) == s  # an index the job does not have changes nothing
+    assert job_state.evolve(s, job_events.JobCreated(job_id="J", commands=["x"])) == s
+    with pytest.raises(ValueError, match="must begin with job.created, not job.heartbeat"):
+        job_state.evolve(None, job_events.JobHeartbeat())
+    restarted = job_state.evolve(s, job_events.JobStarted(worker="w2", lease_id="M", lease_seconds=5, attempt=2,
+                                                          at=at(50).timestamp()))
+    assert restarted.started_at == s.started_at  # the first start stands
+
+
+def test_status_is_exactly_the_view_of_the_state() -> None:
+    s = _running(["a", "b"])
+    s = _report(s, at(12), event="command_started", command="a")
+    st = job_state.status(s, at(14))
+    assert st == {
+        "job_id": "J", "state": "running", "stage": "init", "progress": 0.0, "elapsed_sec": 4.0, "eta_sec": None,
+        "current_command": "a", "total_commands": 2, "completed_commands": 0, "failed_commands": 0,
+        "result": None, "cancel_requested": False, "project": "p", "parallel": False, "fail_fast": False,
+        "labels": [], "commands": [{"command": "a", "state": "running", "exit_code": None, "duration": None,
+                                    "reason": None},
+                                   {"command": "b", "state": "pending", "exit_code": None, "duration": None,
+                                    "reason": None}],
+        "node": "n1", "worker": "w1", "lease_id": "L", "attempt": 1, "error": None, "errors": [],
+        "exit_code": None, "created_at": "2023-11-14T22:13:20.000000Z",
+        "started_at": "2023-11-14T22:13:30.000000Z", "ended_at": None, "version": 0, "seq": 0,
+    }
+    assert job_state.elapsed(_created(), at(99)) == 0.0
+    assert job_state.progress(job_state.JobState(job_id="E")) == 0.0
+    assert job_state.iso(None) is None and job_state.iso(0.0) is None
+    assert job_state.iso(1.5) == "1970-01-01T00:00:01.500000Z"
+    assert job_state.rounded(1.234567) == 1.23 and job_state.rounded(1.235, 1) == 1.2
+    assert job_state.rounded(-0.0) == 0.0 and str(job_state.rounded(-0.0)) == "0.0"
