@@ -16,7 +16,8 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-LINE = re.compile(r"^\s*(?P<name>(?P<module>[\w.]+)\.x(?:_[A-Za-z0-9]+ǁ)?_?(?P<func>\w+?)__mutmut_\d+): (?P<status>.+)$")
+LINE = re.compile(r"^\s*(?P<name>(?P<module>[\w.]+)\.x(?:_[A-Za-z0-9]+ǁ)?_?(?P<func>\w+?)__mutmut_\d+): "
+                  r"(?P<status>.+)$")
 KILLED = {"killed", "timeout"}
 
 

@@ -461,7 +461,7 @@ def test_evolve_ends_a_job_keeping_what_the_events_say() -> None:
                 job_events.JobCacheHit(command="z", index=1), job_events.JobCommandSkipped(command="z", index=1)):
         assert job_state.evolve(s, bad) == s  # an index the job does not have changes nothing
     assert job_state.evolve(s, job_events.JobCreated(job_id="J", commands=["x"])) == s
-    with pytest.raises(ValueError, match="must begin with job.created, not job.heartbeat"):
+    with pytest.raises(ValueError, match=r"must begin with job\.created, not job\.heartbeat"):
         job_state.evolve(None, job_events.JobHeartbeat())
     restarted = job_state.evolve(s, job_events.JobStarted(worker="w2", lease_id="M", lease_seconds=5, attempt=2,
                                                           at=at(50).timestamp()))
