@@ -41,14 +41,16 @@ from events.task.rules import (
     CANCELLABLE,
     NewTask,
     decide_cancel,
+    decide_collect,
     decide_escalate,
     decide_fail,
     decide_lease_expired,
     decide_reassign,
     decide_release,
     decide_start,
+    refuse_expired_lease,
 )
-from events.task.state import STATES, TaskState
+from events.task.state import STATES, TaskState, fold
 from tests.task_world import NOW, World, holder_of, panel, types, who
 
 R1 = [Requirement(id="R1")]
@@ -594,3 +596,51 @@ def test_events_recorded_by_earlier_versions_still_decode() -> None:
     w.check(va, "PASS")
     w.run([("T1", [rv])])
     assert w.states["T1"].verdicts == [] and w.states["T1"].verifier_task_ids == ["V-2"]
+
+
+def test_only_finished_unverified_or_verified_work_is_collected() -> None:
+    w = World()
+    w.new("T1", verification=None)
+    with pytest.raises(InvalidTransition, match="task T1 is not ready to collect"):
+        decide_collect(w.states["T1"], "p")
+    w.make("T1")
+    assert w.states["T1"].state == "completed"
+    w.run([("T1", decide_collect(w.states["T1"], "p"))])
+    assert (w.states["T1"].state, w.states["T1"].collected) == ("collected", True)
+    w.new("T2", **panel(["a"]))
+    w.make("T2")
+    [vid] = w.states["T2"].verifier_task_ids
+    with pytest.raises(InvalidTransition):
+        decide_collect(w.states[vid], "p")  # a verifier is never collected
+    w.check(vid, "PASS", verdicts=[RequirementVerdict(requirement_id="R1", verdict="PASS")])
+    with pytest.raises(InvalidTransition):
+        decide_collect(w.states[vid], "p")
+    assert decide_collect(w.states["T2"], "p")
+
+
+def test_a_lease_past_its_deadline_no_longer_holds_the_task() -> None:
+    w = World()
+    w.new("T1")
+    s = w.claim("T1", "w1", "n1")
+    h = holder_of(s)
+    refuse_expired_lease(s, h, NOW + timedelta(seconds=1), NOW)  # still live
+    refuse_expired_lease(s, h, None, NOW)  # no deadline known
+    refuse_expired_lease(s, msgspec.structs.replace(h, lease_id="other"), NOW - timedelta(seconds=1), NOW)
+    refuse_expired_lease(s, h, NOW, NOW)  # the deadline itself still holds
+    with pytest.raises(LeaseMismatch, match="the lease on task T1 has expired") as e:
+        refuse_expired_lease(s, h, NOW - timedelta(microseconds=1), NOW)
+    assert e.value.extra == {"task_id": "T1"}
+
+
+def test_fold_replays_the_log_into_the_same_state() -> None:
+    w = World()
+    w.new("T1")
+    w.make("T1")
+    seq = 0
+    stream = []
+    for tid, ev in w.log:
+        seq += 1
+        if tid == "T1":
+            stream.append((ev, seq, len(stream) + 1, "2026-11-22T00:00:00.000000Z"))
+    assert fold(stream) == w.states["T1"]
+    assert fold([]) is None
