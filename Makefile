@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test deep lint typecheck openapi bench acceptance cluster clean help
+.PHONY: run test deep mutation lint typecheck openapi bench acceptance cluster clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -25,6 +25,15 @@ test: $(STAMP)  ## run the whole test suite (embedded PostgreSQL unless TASKLEDG
 
 deep: $(STAMP)  ## the property tests with many more (random) examples; failures kept in .hypothesis/examples
 	HYPOTHESIS_PROFILE=deep $(BIN)/pytest -q -p no:cacheprovider tests/test_task_machine.py
+
+$(VENV)/.mutation: $(STAMP)
+	$(BIN)/pip install -q -e '.[mutation]'
+	touch $@
+
+mutation: $(VENV)/.mutation  ## mutmut over the decision modules against the fast pure tests (~15 min, not in CI); docs/TESTING.md
+	rm -rf mutants
+	HYPOTHESIS_PROFILE=mutation $(BIN)/mutmut run --max-children 2 > /dev/null || true
+	$(BIN)/python -m tests.mutation_report
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check service events projections taskledger tests bench deploy

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from events import lease
@@ -22,13 +22,6 @@ from service.auth import Principal
 from service.commands import Ctx
 from service.writer import UnitOfWork
 
-
-def _now(uow: UnitOfWork) -> float:
-    """The batch's clock (the database's, taken with the head lock) in epoch
-    seconds, which is how jobs reckon time."""
-    return uow.now.timestamp()
-
-
 View = dict[str, Any]
 JobCommand = Callable[[UnitOfWork], Awaitable[View]]
 
@@ -38,7 +31,7 @@ SYSTEM_CTX = Ctx(
 )
 
 
-def view(state: job_state.JobState, now: float, lease_expires_at: datetime | None = None) -> View:
+def view(state: job_state.JobState, now: datetime, lease_expires_at: datetime | None = None) -> View:
     """The job's status (§4) plus the rest of the view and, while it runs, its lease."""
     out = job_state.status(state, now)
     if state.state in job_state.ACTIVE:
@@ -53,8 +46,10 @@ def view(state: job_state.JobState, now: float, lease_expires_at: datetime | Non
     return out
 
 
-def _ts(epoch: float) -> datetime:
-    return datetime.fromtimestamp(epoch, UTC)
+def holder(ctx: Ctx, lease_id: str | None = None) -> lease.Holder:
+    """The caller as a lease holder: its token, its name, its node."""
+    p = ctx.principal
+    return lease.Holder(worker=p.name, node=p.node, token_id=p.token_id or None, lease_id=lease_id)
 
 
 async def _load(uow: UnitOfWork, job_id: str) -> job_state.JobState:
@@ -83,11 +78,11 @@ async def _write(
 
 def create(ctx: Ctx, cmd: job_rules.CreateJob) -> JobCommand:
     async def fn(uow: UnitOfWork) -> View:
-        events = job_rules.decide_create(cmd, _now(uow))
+        events = job_rules.decide_create(cmd, uow.now)
         if await uow.fetchval("SELECT 1 FROM jobs WHERE id = $1", cmd.job_id):
             raise AlreadyExists(f"job {cmd.job_id} already exists", job_id=cmd.job_id)
         state = await _write(uow, ctx, None, cmd.job_id, events)
-        return view(state, _now(uow))
+        return view(state, uow.now)
 
     return fn
 
@@ -100,9 +95,6 @@ def claim(ctx: Ctx, *, lease_seconds: int, projects: Sequence[str] | None) -> Ca
     claim earlier in the same batch has already moved its row out of 'pending',
     so two runners never get the same job.
     """
-    worker = ctx.principal.name
-    node = ctx.principal.node
-
     async def fn(uow: UnitOfWork) -> View | None:
         if projects:
             row = await uow.fetchrow(
@@ -117,22 +109,19 @@ def claim(ctx: Ctx, *, lease_seconds: int, projects: Sequence[str] | None) -> Ca
         if row is None:
             return None
         state = projection.decode_state(row["body"])
-        lease_id = uuid.uuid4().hex
-        events = job_rules.decide_claim(
-            state, job_rules.Claim(node=node, worker=worker, lease_id=lease_id, lease_seconds=lease_seconds),
-            _now(uow),
-        )
+        who = holder(ctx, uuid.uuid4().hex)
+        events = job_rules.decide_claim(state, job_rules.Claim(holder=who, lease_seconds=lease_seconds), uow.now)
         new = await _write(uow, ctx, state, state.job_id, events)
-        expires = _ts(_now(uow) + lease_seconds)
+        expires = uow.now + timedelta(seconds=lease_seconds)
         await uow.execute(
             "INSERT INTO job_leases (job_id, lease_id, node, worker, lease_seconds, expires_at, last_report_at) "
             "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job_id) DO UPDATE SET "
             "lease_id = EXCLUDED.lease_id, node = EXCLUDED.node, worker = EXCLUDED.worker, "
             "lease_seconds = EXCLUDED.lease_seconds, expires_at = EXCLUDED.expires_at, "
             "last_report_at = EXCLUDED.last_report_at",
-            new.job_id, lease_id, node, worker, lease_seconds, expires, _ts(_now(uow)),
+            new.job_id, who.lease_id, who.node, who.worker, lease_seconds, expires, uow.now,
         )
-        return view(new, _now(uow), expires)
+        return view(new, uow.now, expires)
 
     return fn
 
@@ -143,25 +132,25 @@ async def _settle_lease(uow: UnitOfWork, state: job_state.JobState) -> datetime 
         await uow.execute("DELETE FROM job_leases WHERE job_id = $1", state.job_id)
         return None
     if state.state in job_state.ACTIVE:
-        expires = _ts(_now(uow) + (state.lease_seconds or 60))
+        expires = uow.now + timedelta(seconds=state.lease_seconds or 60)
         await uow.execute(
             "UPDATE job_leases SET expires_at = $2, last_report_at = $3 WHERE job_id = $1",
-            state.job_id, expires, _ts(_now(uow)),
+            state.job_id, expires, uow.now,
         )
         return expires
     return None
 
 
 def report(ctx: Ctx, job_id: str, r: job_rules.Report, lease_id: str | None) -> JobCommand:
-    holder = lease.Holder(node=ctx.principal.node, worker=ctx.principal.name, lease_id=lease_id)
+    who = holder(ctx, lease_id)
 
     async def fn(uow: UnitOfWork) -> View:
         state = await _load(uow, job_id)
-        events = job_rules.decide_report(state, holder, r, _now(uow))
+        events = job_rules.decide_report(state, who, r, uow.now)
         if events:
             state = await _write(uow, ctx, state, job_id, events)
         expires = await _settle_lease(uow, state)
-        return view(state, _now(uow), expires)
+        return view(state, uow.now, expires)
 
     return fn
 
@@ -169,13 +158,13 @@ def report(ctx: Ctx, job_id: str, r: job_rules.Report, lease_id: str | None) -> 
 def cancel(ctx: Ctx, job_id: str) -> JobCommand:
     async def fn(uow: UnitOfWork) -> View:
         state = await _load(uow, job_id)
-        events = job_rules.decide_cancel(state, _now(uow))
+        events = job_rules.decide_cancel(state, uow.now)
         if events:
             state = await _write(uow, ctx, state, job_id, events)
             if state.terminal:
                 await uow.execute("DELETE FROM job_leases WHERE job_id = $1", job_id)
         expires = await uow.fetchval("SELECT expires_at FROM job_leases WHERE job_id = $1", job_id)
-        return view(state, _now(uow), expires)
+        return view(state, uow.now, expires)
 
     return fn
 
@@ -185,28 +174,29 @@ def expire_lease(job_id: str, ctx: Ctx = SYSTEM_CTX) -> Callable[[UnitOfWork], A
     in the writer's transaction, since a report may have renewed it meanwhile."""
 
     async def fn(uow: UnitOfWork) -> View | None:
-        lease = await uow.fetchrow("SELECT expires_at FROM job_leases WHERE job_id = $1", job_id)
-        if lease is None or lease["expires_at"].timestamp() > _now(uow):
+        row = await uow.fetchrow("SELECT expires_at FROM job_leases WHERE job_id = $1", job_id)
+        if row is None or row["expires_at"] > uow.now:
             return None
         state = await projection.load(uow, job_id)
         if state is None:
             await uow.execute("DELETE FROM job_leases WHERE job_id = $1", job_id)
             return None
-        events = job_rules.decide_lease_expired(state, _now(uow), lease["expires_at"].timestamp())
+        events = job_rules.decide_lease_expired(state, uow.now, row["expires_at"])
         if events:
             state = await _write(uow, ctx, state, job_id, events)
         await uow.execute("DELETE FROM job_leases WHERE job_id = $1", job_id)
-        return view(state, _now(uow))
+        return view(state, uow.now)
 
     return fn
 
 
-async def read_view(conn: Any, job_id: str, now: float) -> View | None:
+async def read_view(conn: Any, job_id: str) -> View | None:
+    """The job's view as of the database's clock (the one its decisions use)."""
     row = await conn.fetchrow(
-        "SELECT j.body::text AS body, l.expires_at FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.id "
-        "WHERE j.id = $1",
+        "SELECT j.body::text AS body, l.expires_at, statement_timestamp() AS now FROM jobs j "
+        "LEFT JOIN job_leases l ON l.job_id = j.id WHERE j.id = $1",
         job_id,
     )
     if row is None:
         return None
-    return view(projection.decode_state(row["body"]), now, row["expires_at"])
+    return view(projection.decode_state(row["body"]), row["now"], row["expires_at"])

@@ -40,6 +40,11 @@ ADMIN_TOKEN = "test-admin-" + uuid.uuid4().hex
 settings.register_profile(
     "ci", derandomize=True, max_examples=400, stateful_step_count=40, deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow])
+# `mutation` (make mutation): as `ci` with half the examples, which still finds
+# the re-verification defect (tests/oracle_probe.py), so a surviving mutant costs less.
+settings.register_profile(
+    "mutation", derandomize=True, max_examples=200, stateful_step_count=40, deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
     "deep", max_examples=20_000, stateful_step_count=80, deadline=None,
     database=DirectoryBasedExampleDatabase(str(Path(__file__).resolve().parent.parent / ".hypothesis" / "examples")),

@@ -234,6 +234,54 @@ async def test_only_the_lease_holder_may_report(harness: AppHarness, pool: async
     await _reporter(holder, jid)({"event": "heartbeat", "lease_id": claimed["lease_id"]})
 
 
+async def test_a_job_lease_belongs_to_the_claiming_token_even_with_the_right_lease_id(
+    harness: AppHarness, pool: asyncpg.Pool
+) -> None:
+    producer = await harness.client("producer")
+    holder = await harness.client("worker", node="n1", name="runner-a")
+    twin = await harness.client("worker", node="n1", name="runner-a")  # same name and node, another token
+    jid = await _new_job(producer, ["true"])
+    claimed = await holder.ok(await holder.post("/jobs/claim", {}), 200)
+    before = await _head(pool)
+    for body in ({"event": "heartbeat", "lease_id": claimed["lease_id"]}, {"event": "heartbeat"},
+                 {"event": "finish", "status": "completed", "lease_id": claimed["lease_id"]}):
+        r = await twin.post(f"/jobs/{jid}/report", body)
+        assert r.status_code == 409 and r.json()["code"] == "lease_mismatch", r.text
+    assert await _head(pool) == before
+    done = await _reporter(holder, jid)({"event": "finish", "status": "completed", "lease_id": claimed["lease_id"]})
+    assert done["state"] == "completed"
+    started = (await producer.ok(await producer.get(f"/jobs/{jid}/events")))["events"][1]
+    assert started["type"] == "job.started" and started["data"]["token_id"]
+    await _assert_view_is_fold_of_log(pool, jid)
+
+
+async def test_a_jobs_times_are_the_logs_timestamps_and_it_ages_by_the_database_clock(
+    harness: AppHarness, pool: asyncpg.Pool
+) -> None:
+    producer = await harness.client("producer")
+    runner = await harness.client("worker", node="n1")
+    jid = await _new_job(producer, ["sleep 1"])
+    claimed = await runner.ok(await runner.post("/jobs/claim", {}), 200)
+    events = (await producer.ok(await producer.get(f"/jobs/{jid}/events")))["events"]
+    assert [e["type"] for e in events] == ["job.created", "job.started"]
+    assert claimed["created_at"] == events[0]["recorded_at"]
+    assert claimed["started_at"] == events[1]["recorded_at"]
+    # Move the start back by an hour in the row only: a view computed from the
+    # database's clock then reads an hour of elapsed time, whatever the app's clock says.
+    await pool.execute(
+        "UPDATE jobs SET body = jsonb_set(body, '{started_at}', to_jsonb((body->>'started_at')::float8 - 3600)) "
+        "WHERE id = $1", jid,
+    )
+    db_now, started = await pool.fetchrow(
+        "SELECT extract(epoch FROM statement_timestamp())::float8, (body->>'started_at')::float8 FROM jobs "
+        "WHERE id = $1", jid,
+    )
+    seen = await producer.ok(await producer.get(f"/jobs/{jid}"))
+    assert 3600 <= seen["elapsed_sec"] <= db_now - started + 5
+    listed = (await producer.ok(await producer.get("/jobs", params={"project": "p"})))["jobs"]
+    assert next(j for j in listed if j["job_id"] == jid)["elapsed_sec"] >= 3600
+
+
 @pytest.mark.parametrize(
     "body",
     [

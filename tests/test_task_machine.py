@@ -13,10 +13,20 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import pytest
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from events.errors import DomainError, InvalidTransition, LeaseMismatch
+from events.task import state as task_state
 from events.task.events import (
     Requirement,
     RequirementVerdict,
@@ -34,6 +44,7 @@ from events.task.rounds import Review, decide_round_review
 from events.task.rules import (
     Claim,
     NewTask,
+    check_heartbeat,
     decide_cancel,
     decide_claim,
     decide_fail,
@@ -76,6 +87,8 @@ def consequence(row: str, m: TaskState) -> tuple[str, int, list[str]]:
 
 
 ROUND_TERMINAL = {"verified", "completed", "collected", "done", "blocked", "deadletter", "cancelled"}
+# what a cancelled task's sub-tasks and verifiers may no longer be (cancelling reaches them)
+OPEN = {"pending", "claimed", "running", "verifying", "rejected", "blocked", "failed", "in_progress", "round_review"}
 
 
 def may_claim(s: TaskState, worker: str, node: str) -> bool:
@@ -145,17 +158,18 @@ class TaskMachine(RuleBasedStateMachine):
             assert self.w.states[s.id].state == "running"
 
     @precondition(lambda self: self._any(lambda t: t.state in ("claimed", "running")))
-    @rule(data=st.data(), act=st.sampled_from(["start", "fail", "release", "complete"]),
-          thief=st.sampled_from(["token", "node", "worker"]))
+    @rule(data=st.data(), act=st.sampled_from(["start", "heartbeat", "fail", "release", "complete"]),
+          thief=st.sampled_from(["token", "node", "worker", "lease"]))
     def someone_else_uses_the_lease(self, data: st.DataObject, act: str, thief: str) -> None:
         s = self._pick(data, lambda t: t.state in ("claimed", "running"))
         if s is None:
             return
         h = holder_of(s)
         h = msgspec.structs.replace(h, **{"token": {"token_id": "stolen"}, "node": {"node": "elsewhere"},
-                                          "worker": {"worker": "mallory"}}[thief])
+                                          "worker": {"worker": "mallory"}, "lease": {"lease_id": "old"}}[thief])
         cmd: Callable[[], Any] = {
             "start": lambda: [(s.id, decide_start(s, h))],
+            "heartbeat": lambda: check_heartbeat(s, h),
             "fail": lambda: [(s.id, decide_fail(s, h, "x"))],
             "release": lambda: [(s.id, decide_release(s, h))],
             "complete": lambda: decide_complete(s, h, None) if s.task_type == "implement" else
@@ -168,8 +182,32 @@ class TaskMachine(RuleBasedStateMachine):
           category=st.sampled_from(["code", "environment", "info_missing", "infrastructure", "infrastructure"]))
     def complete(self, data: st.DataObject, outcome: str, category: str) -> None:
         s = self._pick(data, lambda t: t.state == "running")
+        if s is not None:
+            self._complete(s, outcome, category)
+
+    @precondition(lambda self: self._any(lambda t: t.state == "pending" and not t.is_parent))
+    @rule(data=st.data(), pair=st.integers(0, len(NODES) * len(WORKERS) - 1),
+          outcome=st.sampled_from(["PASS", "PASS", "FAIL", "BLOCKED"]),
+          category=st.sampled_from(["code", "environment", "info_missing", "infrastructure", "infrastructure"]))
+    def work(self, data: st.DataObject, pair: int, outcome: str, category: str) -> None:
+        """Claim, start and complete in one step, by someone allowed to: panels reach
+        their decision in few steps, so a short run explores what follows them."""
+        s = self._pick(data, lambda t: t.state == "pending" and not t.is_parent)
         if s is None:
             return
+        pairs = [(w, n) for n in NODES for w in WORKERS]
+        allowed = [p for p in pairs[pair:] + pairs[:pair] if may_claim(s, *p)]
+        if not allowed:
+            return
+        worker, node = allowed[0]
+        self._step(lambda: [(s.id, decide_claim(s, Claim(holder=who(worker, node, f"L{self.w.seq}")), NOW))])
+        claimed = self.w.states[s.id]
+        assert (claimed.state, claimed.worker, claimed.node) == ("claimed", worker, node)
+        self._step(lambda: [(s.id, decide_start(claimed, holder_of(claimed)))])
+        self._complete(self.w.states[s.id], outcome, category)
+
+    def _complete(self, s: TaskState, outcome: str, category: str) -> None:
+        assert s.state == "running"
         if s.task_type == "implement":
             out = self._step(lambda: decide_complete(s, holder_of(s), None))
             assert not isinstance(out, DomainError)
@@ -245,8 +283,9 @@ class TaskMachine(RuleBasedStateMachine):
             return
         parent = self.w.states.get(s.parent_task_id or "")
         out = self._step(lambda: decide_unblock(s, action, "notes", parent))  # type: ignore[arg-type]
-        if parent is not None and parent.state in ("done", "cancelled"):
-            assert isinstance(out, InvalidTransition)
+        if parent is not None and (parent.state in ("done", "cancelled")
+                                   or (s.subtask_round or 1) < (parent.round or 1)):
+            assert isinstance(out, InvalidTransition), "a sub-task reopened after its round was judged"
             return
         assert not isinstance(out, DomainError)
         after = self.w.states[s.id]
@@ -313,6 +352,21 @@ def check_invariants(w: World) -> None:
             open_ = [t.id for t in w.states.values() if t.parent_task_id == s.id and t.task_type != "verify"
                      and t.state not in ROUND_TERMINAL]
             assert not open_, f"{s.id} is done over open sub-tasks {open_}"
+        if s.is_parent and s.state in ("in_progress", "round_review"):
+            subs = [t.state for t in w.states.values() if t.parent_task_id == s.id and t.task_type != "verify"
+                    and (t.subtask_round or 1) == s.round]
+            ended = bool(subs) and all(x in ROUND_TERMINAL for x in subs)
+            assert ended == (s.state == "round_review"), f"{s.id} is {s.state} with round sub-tasks {subs}"
+        if s.task_type == "implement" and s.state == "verifying":
+            # a dead verifier counts as BLOCKED/infrastructure: a maker never waits on one
+            judged = {r.verifier_task_id for r in s.verdicts}
+            dead = [v for v in s.verifier_task_ids if w.states[v].state in ("deadletter", "cancelled", "completed")
+                    and v not in judged]
+            assert not dead, f"{s.id} waits on verifiers that will never report: {dead}"
+        if s.task_type != "verify" and s.state == "cancelled":
+            left = [t.id for t in w.states.values() if t.state in OPEN and (
+                (t.parent_task_id == s.id and t.task_type != "verify") or t.id in s.verifier_task_ids)]
+            assert not left, f"{s.id} was cancelled but {left} are open"
     # every BLOCKED environment/info_missing verdict opens a blocker once its panel is in
     waiting: dict[str, bool] = {}
     for tid, ev in w.log:
@@ -329,3 +383,22 @@ def check_invariants(w: World) -> None:
 
 
 test_random_command_sequences_follow_the_rules_step_by_step = TaskMachine.TestCase
+
+
+def _reverification_drops_the_pass(real: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """The defect the decision-core issue named, re-introduced: a re-verification
+    forgets the kept verifiers, so their PASS no longer counts."""
+    def changes(s: TaskState, ev: TaskEvent, at: str) -> dict[str, Any]:
+        if isinstance(ev, TaskReverifyScheduled):
+            ev = msgspec.structs.replace(ev, kept_verifier_task_ids=[])
+        return real(s, ev, at)
+    return changes
+
+
+def test_the_ci_profile_finds_a_reverification_that_drops_a_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The derandomized `ci` run must fail on the known defect, every time: if the
+    machine or the profile changes so that it no longer does, this fails."""
+    monkeypatch.setattr(task_state, "_changes", _reverification_drops_the_pass(task_state._changes))
+    quick = settings(settings.get_profile("ci"), phases=[Phase.generate], report_multiple_bugs=False)
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(TaskMachine, settings=quick)

@@ -41,14 +41,16 @@ from events.task.rules import (
     CANCELLABLE,
     NewTask,
     decide_cancel,
+    decide_collect,
     decide_escalate,
     decide_fail,
     decide_lease_expired,
     decide_reassign,
     decide_release,
     decide_start,
+    refuse_expired_lease,
 )
-from events.task.state import STATES, TaskState
+from events.task.state import STATES, TaskState, fold
 from tests.task_world import NOW, World, holder_of, panel, types, who
 
 R1 = [Requirement(id="R1")]
@@ -507,6 +509,24 @@ def test_a_sub_task_of_a_closed_goal_stays_blocked() -> None:
     assert decide_unblock(w.states["S1"], "retry", None, None)
 
 
+def test_a_sub_task_of_a_reviewed_round_stays_as_its_round_left_it() -> None:
+    # Found by the state machine's oracle: S1 blocked in round 1, the reviewer
+    # started round 2 knowing it; unblocking S1 then let round 2's review close
+    # the goal (`done`) over a pending S1.
+    w = _round_with_blocked_subtask()
+    w.run(decide_round_review(w.states["P"], Review(decision="NEW_ROUND", **ANSWERS, new_subtasks=[
+        NewTask(id="S3", project="p", title="t", verification=None)]), list(w.states.values()),
+        existing_ids=set(w.states), default_escalation=60))
+    assert (w.states["P"].state, w.states["P"].round) == ("in_progress", 2)
+    for action in ("retry", "reverify"):
+        with pytest.raises(InvalidTransition, match="round 1 was reviewed"):
+            decide_unblock(w.states["S1"], action, None, w.states["P"])  # type: ignore[arg-type]
+    w.make("S3")
+    assert w.states["P"].state == "round_review"
+    with pytest.raises(InvalidTransition, match="round 1 was reviewed"):
+        decide_unblock(w.states["S1"], "retry", None, w.states["P"])
+
+
 def test_a_review_is_refused_while_a_sub_task_of_the_round_is_open() -> None:
     w = _round_with_blocked_subtask()
     p = w.states["P"]
@@ -576,3 +596,51 @@ def test_events_recorded_by_earlier_versions_still_decode() -> None:
     w.check(va, "PASS")
     w.run([("T1", [rv])])
     assert w.states["T1"].verdicts == [] and w.states["T1"].verifier_task_ids == ["V-2"]
+
+
+def test_only_finished_unverified_or_verified_work_is_collected() -> None:
+    w = World()
+    w.new("T1", verification=None)
+    with pytest.raises(InvalidTransition, match="task T1 is not ready to collect"):
+        decide_collect(w.states["T1"], "p")
+    w.make("T1")
+    assert w.states["T1"].state == "completed"
+    w.run([("T1", decide_collect(w.states["T1"], "p"))])
+    assert (w.states["T1"].state, w.states["T1"].collected) == ("collected", True)
+    w.new("T2", **panel(["a"]))
+    w.make("T2")
+    [vid] = w.states["T2"].verifier_task_ids
+    with pytest.raises(InvalidTransition):
+        decide_collect(w.states[vid], "p")  # a verifier is never collected
+    w.check(vid, "PASS", verdicts=[RequirementVerdict(requirement_id="R1", verdict="PASS")])
+    with pytest.raises(InvalidTransition):
+        decide_collect(w.states[vid], "p")
+    assert decide_collect(w.states["T2"], "p")
+
+
+def test_a_lease_past_its_deadline_no_longer_holds_the_task() -> None:
+    w = World()
+    w.new("T1")
+    s = w.claim("T1", "w1", "n1")
+    h = holder_of(s)
+    refuse_expired_lease(s, h, NOW + timedelta(seconds=1), NOW)  # still live
+    refuse_expired_lease(s, h, None, NOW)  # no deadline known
+    refuse_expired_lease(s, msgspec.structs.replace(h, lease_id="other"), NOW - timedelta(seconds=1), NOW)
+    refuse_expired_lease(s, h, NOW, NOW)  # the deadline itself still holds
+    with pytest.raises(LeaseMismatch, match="the lease on task T1 has expired") as e:
+        refuse_expired_lease(s, h, NOW - timedelta(microseconds=1), NOW)
+    assert e.value.extra == {"task_id": "T1"}
+
+
+def test_fold_replays_the_log_into_the_same_state() -> None:
+    w = World()
+    w.new("T1")
+    w.make("T1")
+    seq = 0
+    stream = []
+    for tid, ev in w.log:
+        seq += 1
+        if tid == "T1":
+            stream.append((ev, seq, len(stream) + 1, "2026-11-22T00:00:00.000000Z"))
+    assert fold(stream) == w.states["T1"]
+    assert fold([]) is None

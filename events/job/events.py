@@ -31,6 +31,8 @@ class JobStarted(JobEvent, tag="job.started", frozen=True, kw_only=True):
 
     node: str | None = None
     worker: str
+    # The claiming token's id (None in leases recorded before it was): only it may report.
+    token_id: str | None = None
     lease_id: str
     lease_seconds: int
     attempt: int = 1

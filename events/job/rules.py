@@ -1,12 +1,17 @@
-"""The job's decisions: `decide_*(state, command, now)` returns the events to append."""
+"""The job's decisions: `decide_*(state, command, now)` returns the events to append.
+
+`now` is the database's timestamp for the batch (an aware `datetime`), as for
+tasks; the facts record it as epoch seconds (`at`), as they always have.
+"""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 import msgspec
 
-from events.errors import InvalidTransition, JobAlreadyCancelled, LeaseMismatch, ValidationFailed
+from events.errors import InvalidTransition, JobAlreadyCancelled, ValidationFailed
 from events.job.events import (
     AnyJobEvent,
     JobCacheHit,
@@ -23,11 +28,10 @@ from events.job.events import (
     JobStageChanged,
     JobStarted,
 )
-from events.job.state import ACTIVE, STAGES, JobState, elapsed, eta, rounded
-from events.lease import Holder
+from events.job.state import ACTIVE, STAGES, JobState, elapsed, epoch, eta, rounded
+from events.lease import Holder, Lease, check_holder
 
 FinishStatus = Literal["completed", "failed", "cancelled"]
-
 
 
 class CreateJob(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,9 +44,7 @@ class CreateJob(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
-    node: str | None
-    worker: str
-    lease_id: str
+    holder: Holder  # the claiming token, with the new lease id
     lease_seconds: int
 
 
@@ -74,7 +76,7 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     result: Any = None
 
 
-def decide_create(cmd: CreateJob, now: float) -> list[AnyJobEvent]:
+def decide_create(cmd: CreateJob, now: datetime) -> list[AnyJobEvent]:
     if not cmd.commands:
         raise ValidationFailed("commands: at least one command is needed")
     for c in cmd.commands:
@@ -88,55 +90,65 @@ def decide_create(cmd: CreateJob, now: float) -> list[AnyJobEvent]:
             parallel=cmd.parallel,
             fail_fast=cmd.fail_fast,
             labels=list(cmd.labels),
-            at=now,
+            at=epoch(now),
         )
     ]
 
 
-def decide_claim(state: JobState, claim: Claim, now: float) -> list[AnyJobEvent]:
+def decide_claim(state: JobState, claim: Claim, now: datetime) -> list[AnyJobEvent]:
     if state.state != "pending":
         raise InvalidTransition(f"job {state.job_id} is {state.state}, not pending", job_id=state.job_id)
+    if claim.holder.lease_id is None:
+        raise InvalidTransition(f"job {state.job_id} cannot be claimed without a lease id", job_id=state.job_id)
     return [
         JobStarted(
-            node=claim.node,
-            worker=claim.worker,
-            lease_id=claim.lease_id,
+            node=claim.holder.node,
+            worker=claim.holder.worker,
+            token_id=claim.holder.token_id,
+            lease_id=claim.holder.lease_id,
             lease_seconds=claim.lease_seconds,
             attempt=state.attempt + 1,
-            at=now,
+            at=epoch(now),
         )
     ]
 
 
-def decide_cancel(state: JobState, now: float, reason: str | None = None) -> list[AnyJobEvent]:
+def decide_cancel(state: JobState, now: datetime, reason: str | None = None) -> list[AnyJobEvent]:
     """pending → cancelled; running → cancelling; cancelling: nothing new;
     cancelled → 409 job_already_cancelled; completed or failed: nothing (the
     caller answers with the final status)."""
     match state.state:
         case "pending":
-            return [JobCancelled(reason=reason or "cancelled before it started", at=now)]
+            return [JobCancelled(reason=reason or "cancelled before it started", at=epoch(now))]
         case "running":
-            return [JobCancelRequested(reason=reason, at=now)]
+            return [JobCancelRequested(reason=reason, at=epoch(now))]
         case "cancelled":
             raise JobAlreadyCancelled(f"job {state.job_id} is already cancelled", job_id=state.job_id)
         case _:
             return []
 
 
-def _check_holder(state: JobState, who: Holder) -> None:
+def lease_of(state: JobState) -> Lease:
+    return Lease(lease_id=state.lease_id, worker=state.worker, node=state.node, token_id=state.token_id)
+
+
+def check_lease(state: JobState, who: Holder) -> None:
+    """Only the token that claimed the job, on its node, may report on it.
+
+    Unlike a task's, the job's state is checked first (a report on a job that
+    is not running is `invalid_transition` whoever sends it). A report may omit
+    the lease id, as runners could from the start: the token and node then hold
+    the lease alone; a lease id that is sent must be the lease's.
+    """
     if state.state not in ACTIVE:
         if state.state == "pending":
             raise InvalidTransition(f"job {state.job_id} has not been claimed", job_id=state.job_id)
         raise InvalidTransition(
             f"job {state.job_id} is already {state.state}", job_id=state.job_id, state=state.state
         )
-    if who.lease_id is not None and who.lease_id != state.lease_id:
-        raise LeaseMismatch(f"lease {who.lease_id} does not hold job {state.job_id}", job_id=state.job_id)
-    if who.node != state.node or who.worker != state.worker:
-        raise LeaseMismatch(
-            f"job {state.job_id} is leased to {state.worker} on node {state.node}",
-            job_id=state.job_id,
-        )
+    if who.lease_id is None:
+        who = msgspec.structs.replace(who, lease_id=state.lease_id)
+    check_holder(lease_of(state), who, what=f"job {state.job_id}", job_id=state.job_id)
 
 
 def _resolve_index(state: JobState, r: Report, allowed: frozenset[str]) -> int:
@@ -170,8 +182,8 @@ def _resolve_index(state: JobState, r: Report, allowed: frozenset[str]) -> int:
     return i
 
 
-def decide_report(state: JobState, who: Holder, r: Report, now: float) -> list[AnyJobEvent]:
-    _check_holder(state, who)
+def decide_report(state: JobState, who: Holder, r: Report, now: datetime) -> list[AnyJobEvent]:
+    check_lease(state, who)
     match r.event:
         case "stage":
             if r.stage not in STAGES:
@@ -209,7 +221,7 @@ def decide_report(state: JobState, who: Holder, r: Report, now: float) -> list[A
     raise ValidationFailed(f"unknown report {r.event!r}")  # pragma: no cover
 
 
-def decide_finish(state: JobState, r: Report, now: float) -> list[AnyJobEvent]:
+def decide_finish(state: JobState, r: Report, now: datetime) -> list[AnyJobEvent]:
     if r.status is None:
         raise ValidationFailed("finish: status is required (completed, failed or cancelled)")
     if state.state == "cancelling":
@@ -223,16 +235,18 @@ def decide_finish(state: JobState, r: Report, now: float) -> list[AnyJobEvent]:
                 exit_code=r.exit_code,
                 runner_status=r.status,
                 result=r.result,
-                at=now,
+                at=epoch(now),
             )
         ]
     match r.status:
         case "completed":
             return [
-                JobCompleted(exit_code=0 if r.exit_code is None else r.exit_code, result=r.result, at=now)
+                JobCompleted(exit_code=0 if r.exit_code is None else r.exit_code, result=r.result, at=epoch(now))
             ]
         case "failed":
-            return [JobFailed(exit_code=r.exit_code, error=r.error, reason="runner", result=r.result, at=now)]
+            return [
+                JobFailed(exit_code=r.exit_code, error=r.error, reason="runner", result=r.result, at=epoch(now))
+            ]
         case "cancelled":
             return [
                 JobCancelled(
@@ -240,13 +254,13 @@ def decide_finish(state: JobState, r: Report, now: float) -> list[AnyJobEvent]:
                     exit_code=r.exit_code,
                     runner_status="cancelled",
                     result=r.result,
-                    at=now,
+                    at=epoch(now),
                 )
             ]
     raise ValidationFailed(f"finish: unknown status {r.status!r}")  # pragma: no cover
 
 
-def decide_lease_expired(state: JobState, now: float, deadline: float) -> list[AnyJobEvent]:
+def decide_lease_expired(state: JobState, now: datetime, deadline: datetime) -> list[AnyJobEvent]:
     """The runner stopped heartbeating: the job fails (a cancelling job ends cancelled).
 
     Not re-queued: a runner that went silent may still be running the
@@ -255,11 +269,11 @@ def decide_lease_expired(state: JobState, now: float, deadline: float) -> list[A
     """
     if state.state not in ACTIVE:
         return []
-    silent = max(0.0, now - deadline) + (state.lease_seconds or 0)
+    silent = max(0.0, (now - deadline).total_seconds()) + (state.lease_seconds or 0)
     msg = (
         f"runner {state.worker} on node {state.node} stopped heartbeating: "
         f"no report for {silent:.0f} s (lease of {state.lease_seconds} s expired)"
     )
     if state.state == "cancelling":
-        return [JobCancelled(reason=msg, at=now)]
-    return [JobFailed(error=msg, reason="heartbeat_timeout", at=now)]
+        return [JobCancelled(reason=msg, at=epoch(now))]
+    return [JobFailed(error=msg, reason="heartbeat_timeout", at=epoch(now))]

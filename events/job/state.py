@@ -5,9 +5,11 @@ States: ``pending → running → completed | failed | cancelled`` and
 ``job:{id}``; the view is ``fold(evolve, events)`` and nothing else, so a
 rebuild or an ``as_of_seq`` read can recompute it from the log alone.
 
-Time: the facts that the status needs a clock for (created, started, ended)
-carry their own ``at`` (epoch seconds, the writer's clock when the command was
-decided), so folding needs no access to ``recorded_at``. What keeps changing
+Time: decisions and the status take ``now`` as the database's timestamp (an
+aware ``datetime``), as a task's decisions do. The facts that the status needs a
+clock for (created, started, ended) carry their own ``at`` (epoch seconds of
+that timestamp: the stored field's type never changes), so folding needs no
+access to ``recorded_at``. What keeps changing
 without a fact (the lease deadline a heartbeat pushes out) is not state: it is
 kept beside the view, in ``job_leases``.
 
@@ -61,7 +63,6 @@ _DONE: Final = frozenset({"succeeded", "failed", "cached", "skipped"})
 _MAX_ERRORS_KEPT: Final = 20
 
 
-
 class CommandRun(msgspec.Struct, frozen=True, kw_only=True):
     command: str
     state: CommandStateName = "pending"
@@ -85,6 +86,7 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True):
     cancel_requested: bool = False
     node: str | None = None
     worker: str | None = None
+    token_id: str | None = None
     lease_id: str | None = None
     lease_seconds: int | None = None
     attempt: int = 0
@@ -197,6 +199,7 @@ def evolve(state: JobState | None, event: AnyJobEvent) -> JobState:
                 state="running",
                 node=event.node,
                 worker=event.worker,
+                token_id=event.token_id,
                 lease_id=event.lease_id,
                 lease_seconds=event.lease_seconds,
                 attempt=event.attempt,
@@ -282,11 +285,16 @@ def rounded(x: float, nd: int = 2) -> float:
     return round(x + 0.0, nd)
 
 
-def elapsed(state: JobState, now: float) -> float:
+def epoch(now: datetime) -> float:
+    """`now` (the database's timestamp) as the epoch seconds the facts record."""
+    return now.timestamp()
+
+
+def elapsed(state: JobState, now: datetime) -> float:
     """Seconds the job has been running (claim to end, or to now); 0 before it starts."""
     if state.started_at is None:
         return 0.0
-    end = state.ended_at if state.ended_at is not None else now
+    end = state.ended_at if state.ended_at is not None else epoch(now)
     return max(0.0, end - state.started_at)
 
 
@@ -296,7 +304,7 @@ def progress(state: JobState) -> float:
     return rounded(state.completed_commands / len(state.commands) * 100)
 
 
-def eta(state: JobState, now: float) -> float | None:
+def eta(state: JobState, now: datetime) -> float | None:
     """elapsed / completed x remaining; null before the first command completes.
 
     A finished job has nothing left to wait for: 0.
@@ -315,7 +323,7 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def status(state: JobState, now: float) -> dict[str, Any]:
+def status(state: JobState, now: datetime) -> dict[str, Any]:
     """The contract's status (§4) and the rest of the view, as of `now`."""
     return {
         "job_id": state.job_id,

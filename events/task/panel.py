@@ -250,11 +250,16 @@ def decide_unblock(s: TaskState, action: UnblockAction, notes: str | None, paren
     """An operator resolves a blocker. `retry` hands the maker the unmet requirements
     of the latest verdicts and the notes (attempts start again); `reverify` asks
     again every checker without a PASS for this attempt, with the notes. A
-    sub-task whose parent's goal is closed stays as its round left it."""
+    sub-task whose parent's goal is closed, or whose round was reviewed, stays
+    as its round left it: the review judged it so, and a later round's review
+    would not wait for it."""
     if s.state != "blocked" or s.blocker_id is None:
         raise InvalidTransition(f"task {s.id} is {s.state}, not blocked", state=s.state)
     if parent is not None and parent.state in ("done", "cancelled"):
         raise InvalidTransition(f"task {s.id} belongs to {parent.id}, which is {parent.state}", state=s.state)
+    if parent is not None and (s.subtask_round or 1) < (parent.round or 1):
+        raise InvalidTransition(f"task {s.id} belongs to round {s.subtask_round or 1} of {parent.id}; "
+                                f"round {s.subtask_round or 1} was reviewed", state=s.state)
     if action == "retry":
         return [(s.id, [TaskUnblocked(blocker_id=s.blocker_id, action="retry", notes=notes, attempt=1,
                                       rework_notes=unmet(s.verdicts))])]

@@ -125,7 +125,7 @@ async def _wait_for_end(request: Request[Any, Any, Any], job_id: str, seconds: f
     pool = request.app.state.pool
     deadline = time.monotonic() + seconds
     while True:
-        current = await job_commands.read_view(pool, job_id, time.time())
+        current = await job_commands.read_view(pool, job_id)
         if current is None:
             raise JobNotFound(f"job {job_id} does not exist", job_id=job_id)
         if current["state"] in job_state.TERMINAL or time.monotonic() >= deadline:
@@ -187,13 +187,12 @@ class JobController(Controller):
             args.append(project)
             clauses.append(f"j.project = ${len(args)}")
         rows = await request.app.state.pool.fetch(
-            "SELECT j.body::text AS body, j.created_seq, l.expires_at FROM jobs j "
+            "SELECT j.body::text AS body, j.created_seq, l.expires_at, statement_timestamp() AS now FROM jobs j "
             "LEFT JOIN job_leases l ON l.job_id = j.id "
             f"WHERE {' AND '.join(clauses)} ORDER BY created_seq LIMIT {int(limit)}",
             *args,
         )
-        now = time.time()
-        jobs = [job_commands.view(decode_state(r["body"]), now, r["expires_at"]) for r in rows]
+        jobs = [job_commands.view(decode_state(r["body"]), r["now"], r["expires_at"]) for r in rows]
         return {"jobs": jobs, "next_after": rows[-1]["created_seq"] if rows else after or 0}
 
     @get("/{job_id:str}", operation_id="getJob")
@@ -204,7 +203,7 @@ class JobController(Controller):
         check_id(job_id, "job id")
         if as_of_seq is not None:
             return await _job_as_of(request.app.state.pool, job_id, as_of_seq)
-        out = await job_commands.read_view(request.app.state.pool, job_id, time.time())
+        out = await job_commands.read_view(request.app.state.pool, job_id)
         if out is None:
             raise JobNotFound(f"job {job_id} does not exist", job_id=job_id)
         return out
@@ -277,8 +276,8 @@ async def _job_as_of(pool: Any, job_id: str, as_of_seq: int) -> dict[str, Any]:
     state = await replay(pool, job_id, to_seq=as_of_seq)
     if state is None:
         raise JobNotFound(f"job {job_id} did not exist at seq {as_of_seq}", job_id=job_id)
-    at = await pool.fetchval("SELECT extract(epoch FROM recorded_at) FROM events WHERE seq = $1", as_of_seq)
-    return job_commands.view(state, float(at))
+    at = await pool.fetchval("SELECT recorded_at FROM events WHERE seq = $1", as_of_seq)
+    return job_commands.view(state, at)
 
 
 async def sweep_once(app: Litestar, limit: int = 100) -> int:
