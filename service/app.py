@@ -192,6 +192,7 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = (), tracer
         ],
         request_max_body_size=settings.max_body_bytes,
         plugins=[] if tracing is None else [tracing.plugin],
+        logging_config=None,  # service.logs configures logging once per process; Litestar would redo the root
         openapi_config=OpenAPIConfig(
             title="taskledger",
             version="0.1.0",
