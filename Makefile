@@ -14,7 +14,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,dev,mcp]'
+	$(BIN)/pip install -q -e '.[test,dev,mcp,otel]'
 	touch $(STAMP)
 
 run: $(STAMP)  ## serve on 127.0.0.1:8080 (embedded PostgreSQL unless TASKLEDGER_DATABASE_URL is set)

@@ -6,7 +6,6 @@ import asyncio
 import importlib
 import logging
 import re
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,20 +13,19 @@ from typing import Any
 import asyncpg
 from litestar import Litestar, Request
 from litestar.datastructures import State
-from litestar.enums import ScopeType
 from litestar.exceptions import ValidationException
 from litestar.middleware.base import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
-from litestar.types import ASGIApp, Receive, Scope, Send
 
 from service import openapi_docs
 from service.auth import PUBLIC_PATHS, AuthMiddleware, TokenStore
 from service.background import cancel_all
 from service.metrics import Metrics
 from service.migrate import migrate
-from service.problems import exception_handlers, status_of
+from service.problems import exception_handlers
 from service.settings import Settings
+from service.telemetry import Tracing, request_middleware
 from service.writer import Writer
 
 log = logging.getLogger("taskledger")
@@ -111,42 +109,12 @@ async def _reject_bad_input(request: Request[Any, Any, Any]) -> None:
             raise ValidationException(f"JSON may nest at most {MAX_JSON_DEPTH} levels deep")
 
 
-def _metrics_middleware(metrics: Metrics) -> Callable[[ASGIApp], ASGIApp]:
-    def factory(app: ASGIApp) -> ASGIApp:
-        async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != ScopeType.HTTP:
-                await app(scope, receive, send)
-                return
-            method = scope["method"]
-            start = time.perf_counter()
-            status = 500
-
-            async def send_wrapper(message: Any) -> None:
-                nonlocal status
-                if message["type"] == "http.response.start":
-                    status = message["status"]
-                await send(message)
-
-            try:
-                await app(scope, receive, send_wrapper)
-            except Exception as e:
-                # raised by a middleware (401 from authentication, 503 when the
-                # token lookup finds no database): the exception handler outside
-                # this one answers with this status
-                status = status_of(e)
-                raise
-            finally:
-                route = scope.get("path_template") or "unmatched"
-                metrics.observe_request(method, route, status, time.perf_counter() - start)
-
-        return middleware
-    return factory
-
-
 Hook = Callable[[Litestar], Any]
 
 
-def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = ()) -> Litestar:
+def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = (), tracer_provider: Any = None) -> Litestar:
+    """`tracer_provider` (an OpenTelemetry SDK one) turns tracing on as
+    `settings.otel` does, with that provider instead of one from OTEL_*."""
     if not settings.database_url:
         raise ValueError("create_app needs settings.database_url")
     dsn = settings.database_url
@@ -163,6 +131,8 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = ()) -> Lit
         state.pool = await asyncpg.create_pool(
             dsn, min_size=settings.pool_min, max_size=settings.pool_max
         )
+        if tracing is not None:
+            tracing.start()
         state.tokens = TokenStore(state.pool, settings.admin_token)
         listeners: list[Callable[[int], None]] = []
         state.commit_listeners = listeners
@@ -202,8 +172,11 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = ()) -> Lit
             except TimeoutError:
                 log.warning("the connection pool did not close in 5 s; terminating it")
                 state.pool.terminate()
+            if tracing is not None:
+                tracing.stop()
 
-    metrics = Metrics()
+    metrics = Metrics(cache_seconds=settings.metrics_cache_seconds)
+    tracing = Tracing(tracer_provider) if settings.otel or tracer_provider is not None else None
     modules = _modules()
     state = State({"settings": settings, "metrics": metrics, "extra_authenticators": []})
     handlers = _flatten([m.ROUTES for m in modules])
@@ -214,10 +187,12 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = ()) -> Lit
         exception_handlers=exception_handlers,
         before_request=_reject_bad_input,
         middleware=[
-            _metrics_middleware(metrics),
+            request_middleware(metrics),
             DefineMiddleware(AuthMiddleware, exclude=[f"^{p}" for p in PUBLIC_PATHS] + ["^/$", "^/static/", "^/ui/"]),
         ],
         request_max_body_size=settings.max_body_bytes,
+        plugins=[] if tracing is None else [tracing.plugin],
+        logging_config=None,  # service.logs configures logging once per process; Litestar would redo the root
         openapi_config=OpenAPIConfig(
             title="taskledger",
             version="0.1.0",

@@ -4,9 +4,11 @@ import gc
 
 from service import server_signals
 from service.app import create_app
+from service.logs import configure_logging
 from service.settings import Settings
 
 settings = Settings.from_env()
+configure_logging(settings.log_format, default="json")
 server_signals.install(drain_seconds=settings.drain_seconds)
 
 app = create_app(settings)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import logging
 import math
 import os
 import sys
@@ -15,6 +14,7 @@ from typing import Any
 import asyncpg
 
 from service import server_limits
+from service.logs import configure_logging
 from service.settings import Settings
 
 # Modules that add sub-commands: each has `register(subparsers)`.
@@ -213,9 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("TASKLEDGER_LOG_LEVEL", "WARNING"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    # JSON under `serve` (its workers read the same variable), text in the tools
+    if args.command == "serve":
+        os.environ.setdefault("TASKLEDGER_LOG_FORMAT", "json")
+    configure_logging(os.environ.get("TASKLEDGER_LOG_FORMAT"))
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

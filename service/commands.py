@@ -14,6 +14,7 @@ from litestar import Request
 from events.canonical import canonical_json
 from events.errors import IdempotencyConflict, ValidationFailed
 from service.auth import Principal
+from service.logs import REQUEST_ID
 from service.writer import Prefetch, UnitOfWork, Writer
 
 T = TypeVar("T")
@@ -60,7 +61,8 @@ def ctx_of(request: Request[Any, Any, Any]) -> Ctx:
         raise ValidationFailed("X-Request-Id must be 1-200 printable ASCII characters")
     return Ctx(
         principal=p,
-        request_id=request_id or uuid.uuid4().hex,
+        # the id the request middleware logs with, when the client sent none
+        request_id=request_id or REQUEST_ID.get() or uuid.uuid4().hex,
         idempotency_key=key,
         correlation_id=corr,
     )

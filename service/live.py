@@ -262,8 +262,7 @@ class Hub:
         metrics.gauge("sse_streams_open", lambda: self.open_streams)
         metrics.gauge("sse_streams_max", lambda: self.max_streams)
         for why in ("capacity", "token"):  # shown from the start, not from the first refusal
-            metrics.inc(f'sse_streams_refused_total{{reason="{why}"}}', 0)
-        metrics.inc("sse_send_timeouts_total", 0)
+            metrics.inc("sse_streams_refused_total", 0, reason=why)
         metrics.gauge("sse_tailer_lag_events", lambda: self.lag)
         metrics.gauge("sse_tailer_cursor", lambda: self.cursor)
         metrics.gauge("sse_tailer_connected", lambda: int(self.connected))
@@ -271,14 +270,14 @@ class Hub:
                       lambda: round(time.monotonic() - self._last_advance, 3) if self.lag else 0.0)
 
     def count_refusal(self, why: Refusal) -> None:
-        self._inc(f'sse_streams_refused_total{{reason="{why}"}}')
+        self._inc("sse_streams_refused_total", reason=why)
 
     def count(self, name: str) -> None:
         self._inc(name)
 
-    def _inc(self, name: str, by: int = 1) -> None:
+    def _inc(self, name: str, by: int = 1, **labels: str) -> None:
         if self._metrics is not None:
-            self._metrics.inc(name, by)
+            self._metrics.inc(name, by, **labels)
 
     # -- the tailer --------------------------------------------------------
 

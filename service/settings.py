@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -49,6 +49,10 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     audit_key: str | None = None  # PEM file of the Ed25519 signing key (default: under data_dir)
     audit_checkpoint_every_events: int = 1000  # 0: not by count
     audit_checkpoint_every_seconds: float = 60.0  # 0: not by time
+    # Telemetry (docs/OPERATIONS.md, "Telemetry")
+    metrics_cache_seconds: float = 5.0  # how long /metrics reuses its tasks/jobs-by-state query
+    log_format: Literal["json", "text"] | None = None  # None: json under serve, text in the CLI tools
+    otel: bool = False  # OpenTelemetry traces (the otel extra); the exporter from the OTEL_* variables
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -48,6 +48,7 @@ class Batch:
         self.conn = conn
         self.log = logtx
         self.cache: dict[str, dict[str, Any]] = {}
+        self.appended: list[RecordedEvent] = []
         self._flushers: list[Callable[[asyncpg.Connection], Awaitable[None]]] = []
 
     def kind(self, name: str) -> dict[str, Any]:
@@ -113,7 +114,9 @@ class UnitOfWork:
         meta: dict[str, Any] | None = None,
     ) -> list[RecordedEvent]:
         self.dirty = True
-        return await self.log.append(stream, events, expected_version=expected_version, meta=meta)
+        recorded = await self.log.append(stream, events, expected_version=expected_version, meta=meta)
+        self.batch.appended.extend(recorded)
+        return recorded
 
 
 Prefetch = tuple[str, str]
@@ -205,7 +208,7 @@ class Writer:
             raise WriterUnavailable("the service is shutting down")
         if self._queue.qsize() >= self._queue_max:
             if self._metrics is not None:
-                self._metrics.counters["writer_overloaded_total"] += 1
+                self._metrics.inc("writer_overloaded_total")
             raise WriterOverloaded(f"{self._queue_max} commands are already waiting; retry later")
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Item(fn, fut, prefetch))
@@ -248,8 +251,6 @@ class Writer:
             if not batch[0].future.done():
                 batch[0].future.set_exception(err)
             return
-        if self._metrics is not None:
-            self._metrics.observe_batch(len(batch))
         if head is not None and self._on_commit is not None:
             self._on_commit(head)
         for it, (ok, value) in zip(batch, outcomes, strict=True):
@@ -275,6 +276,7 @@ class Writer:
         outcomes: list[tuple[bool, Any]] = []
         tx = conn.transaction()
         committing = False
+        began = time.perf_counter()
         try:
             await tx.start()
             logtx = await LogTx.begin(conn)
@@ -301,6 +303,9 @@ class Writer:
             if not committing and _connection_lost(e, conn):
                 raise _ConnectionLostBeforeCommit() from e
             raise
+        if self._metrics is not None:
+            self._metrics.observe_commit(len(batch), time.perf_counter() - began, shared.appended,
+                                         shared.kind("jobs"))
         head = logtx.head_seq if logtx.head_seq != logtx.start_seq else None
         return outcomes, head
 

@@ -530,8 +530,8 @@ async def seq_at(
 
 
 def _gauge(metrics: Any, name: str) -> int | None:
-    fn = metrics.gauges.get(name)
-    return None if fn is None else int(fn())
+    v = metrics.value(name)
+    return None if v is None or math.isnan(v) else int(v)
 
 
 @get("/dashboard/status", operation_id="getDashboardStatus", tags=["dashboard"],
@@ -545,7 +545,7 @@ async def dashboard_status(request: Request[Any, Any, Any]) -> DashboardStatus:
     count = await pool.fetchval("SELECT count(*) FROM events WHERE stream = $1 AND type = $2",
                                 CHECKPOINT_STREAM, CHECKPOINT_TYPE) if last is not None else 0
     metrics = request.app.state.metrics
-    batches = metrics.batch_size
+    batches = metrics.value("writer_batch_size_count") or 0
     return DashboardStatus(
         head_seq=head, head_hash=head_hash,
         last_checkpoint=None if last is None else msgspec.Raw(store.event_json(last).encode()),
@@ -555,9 +555,9 @@ async def dashboard_status(request: Request[Any, Any, Any]) -> DashboardStatus:
         process=ProcessFigures(
             sse_subscribers=_gauge(metrics, "sse_subscribers"),
             sse_tailer_lag_events=_gauge(metrics, "sse_tailer_lag_events"),
-            writer_commits=int(metrics.counters.get("writer_commits_total", 0)),
-            writer_commands=int(metrics.counters.get("writer_commands_total", 0)),
-            writer_mean_batch=round(batches.total / batches.n, 2) if batches.n else None,
+            writer_commits=int(metrics.value("writer_commits_total") or 0),
+            writer_commands=int(metrics.value("writer_commands_total") or 0),
+            writer_mean_batch=round(metrics.value("writer_batch_size_sum") / batches, 2) if batches else None,
             writer_queue_depth=_gauge(metrics, "writer_queue_depth"),
         ),
     )

@@ -76,7 +76,9 @@ class SystemController(Controller):
 
     @get("/metrics", operation_id="metrics", tags=["system"], media_type="text/plain; version=0.0.4")
     async def metrics(self, request: Request[Any, Any, Any]) -> str:
-        return str(request.app.state.metrics.render())
+        state = request.app.state
+        text: bytes = await state.metrics.render(state.pool)
+        return text.decode()
 
     @post("/tokens", operation_id="createToken", tags=["auth"], guards=[requires("admin")], status_code=201)
     async def create(self, request: Request[Any, Any, Any], data: JSONBody[TokenRequest]) -> TokenResponse:
