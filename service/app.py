@@ -39,6 +39,7 @@ _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 _MODULES: Sequence[str] = (
     "service.routes.system",
     "service.routes.tasks",
+    "service.routes.task_batches",
     "service.routes.jobs",
     "service.routes.streams",
     "service.routes.admin",
