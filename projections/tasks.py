@@ -7,6 +7,7 @@ that queries filter and order on. Blockers are folded from `task.blocked`,
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -246,15 +247,27 @@ def fold_page(
     changed: dict[str, None] = {}
     created: dict[str, int] = {}
     changed_blockers: dict[str, None] = {}
+    decode = task_events.decode
+    if blockers is None:
+        # the task rows alone: no blocker fold, no per-event tuple
+        for e in page:
+            stream = e.stream
+            tid = stream[5:] if stream.startswith("task:") else stream
+            s = states.get(tid)
+            if s is None:
+                created[tid] = e.seq
+            states[tid] = evolve(s, decode(e.type, e.data), seq=e.seq, version=e.stream_seq, at=e.recorded_at)
+            changed[tid] = None
+        return list(changed), created, []
     for e in page:
         tid = task_id_of(e.stream)
-        ev = task_events.decode(e.type, e.data)
+        ev = decode(e.type, e.data)
         s = states.get(tid)
         if s is None:
             created[tid] = e.seq
-        b = blockers.get(s.blocker_id) if blockers is not None and s is not None and s.blocker_id else None
+        b = blockers.get(s.blocker_id) if s is not None and s.blocker_id else None
         states[tid], nb = fold_one(s, b, ev, seq=e.seq, version=e.stream_seq, at=e.recorded_at)
-        if nb is not None and blockers is not None:
+        if nb is not None:
             blockers[nb.id] = nb
             changed_blockers[nb.id] = None
         changed[tid] = None
@@ -275,12 +288,24 @@ class TaskFold:
         self.cache_max = cache_max
         self.states: dict[str, TaskState] = {}
         self.blockers: dict[str, Blocker] = {}
+        self._writing: asyncio.Task[None] | None = None
 
     def reset(self) -> None:
         self.states.clear()
         self.blockers.clear()
+        if self._writing is not None:
+            w, self._writing = self._writing, None
+            w.cancel()
+            w.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def flush(self) -> None:
+        """Wait for the page still being written (rows are written while the next page folds)."""
+        if self._writing is not None:
+            w, self._writing = self._writing, None
+            await w
 
     async def apply(self, conn: Any, page: Sequence[StoredEvent], tables: Any) -> None:
+        await self.flush()
         first: dict[str, StoredEvent] = {}
         for e in page:
             first.setdefault(e.stream, e)
@@ -290,7 +315,9 @@ class TaskFold:
             await self._load(conn, missing, page[0].seq, tables)
         if self.write == "tasks":
             changed, created, _ = fold_page(self.states, None, page)
-            await save(conn, [self.states[t] for t in changed], created, table=tables["tasks"])
+            # the states are frozen: the write can run while the next page is read and folded
+            self._writing = asyncio.ensure_future(
+                save(conn, [self.states[t] for t in changed], created, table=tables["tasks"]))
         else:
             bids = {s.blocker_id for t in first
                     if (s := self.states.get(task_id_of(t))) is not None and s.blocker_id is not None}
@@ -304,7 +331,9 @@ class TaskFold:
             _, _, changed_b = fold_page(self.states, self.blockers, page)
             await save_blockers(conn, [self.blockers[b] for b in changed_b], table=tables["blockers"])
         if len(self.states) > self.cache_max:
-            self.reset()
+            # evict (states reload from the rows, blockers from the log); the write in flight stays
+            self.states.clear()
+            self.blockers.clear()
 
     async def _load(self, conn: Any, ids: list[str], before_seq: int, tables: Any) -> None:
         if self.write == "tasks":

@@ -8,6 +8,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 
 from projections import framework
 from service.cli import main as cli
@@ -117,8 +118,9 @@ async def test_rebuild_is_for_admins_and_names_unknown_projections(harness: AppH
     assert r.status_code == 400
 
 
+@pytest.mark.parametrize("read_ahead", [False, True], ids=["one_connection", "pages_read_ahead"])
 async def test_a_rebuild_under_concurrent_writes_equals_the_live_projection_row_for_row(
-    server: ServerProcess, db_url: str
+    server: ServerProcess, db_url: str, read_ahead: bool
 ) -> None:
     async with httpx.AsyncClient(base_url=server.base, timeout=30) as http:
         producer = Client(http, server.token("producer"))  # type: ignore[arg-type]
@@ -143,10 +145,11 @@ async def test_a_rebuild_under_concurrent_writes_equals_the_live_projection_row_
 
         load = asyncio.create_task(writer_load())
         conn = await asyncpg.connect(db_url)
+        reader = await asyncpg.connect(db_url) if read_ahead else None
         try:
             for p in framework.select(None):
                 # small pages and a tiny lock window, so writes land between pages and during catch-up
-                res = await framework.rebuild(conn, p, page_seqs=7, catch_up_under_lock=3)
+                res = await framework.rebuild(conn, p, page_seqs=7, catch_up_under_lock=3, reader=reader)
                 assert res.seq > 0
                 # writes go on against the swapped-in tables
                 await another_day()
@@ -156,6 +159,8 @@ async def test_a_rebuild_under_concurrent_writes_equals_the_live_projection_row_
             with contextlib.suppress(Exception):
                 await load
             await conn.close()
+            if reader is not None:
+                await reader.close()
         assert done >= 4
         pool = await asyncpg.create_pool(db_url, min_size=1, max_size=2)
         try:
