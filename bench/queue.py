@@ -18,6 +18,9 @@ one `taskledger serve` (granian, one worker), every step back to back:
   start → complete → verifier claim → start → complete PASS → collect, each
   request built from the previous answer (project per connection, so a
   connection claims what it created). Loops/s and the CPU split.
+- `routes`: serve CPU per request (µs) for `GET /healthz`, `GET /tasks/{id}`,
+  `POST /tasks`, `POST /tasks/batch` (per task) at 32 connections; with
+  `--serve-root DIR` the server runs another checkout's code (before/after).
 - `pgqueuer`: PgQueuer (the `bench` extra) on the same server: enqueue in
   batches of B from C connections, then dequeue B + ack (log_jobs) from C
   connections; beside it taskledger's `POST /tasks/batch` (B a request) and
@@ -281,6 +284,24 @@ class Steps:
                            cpu.result, http_per_s=d["requests_ok"] / d["seconds"], bad=d["bad"],
                            empty_claims=d["empty_claims"])
 
+    def route_costs(self, token: str) -> None:
+        """Serve CPU per request, route by route (µs of the serve process's CPU / answered requests)."""
+        get_lua = self.tmp / "get.lua"
+        from bench.append_http import GET_LUA
+        get_lua.write_text(GET_LUA)
+        one = self.creates("POST /tasks, 32 connections", 0, 32, "R1", token)
+        some = f"R1-1-{max(1, int(one['created'] // 64))}"
+        for label, path, args in (("GET /healthz", "/healthz", []), ("GET /tasks/{id}", f"/tasks/{some}", [token])):
+            run_wrk(self.srv.base + path, get_lua, 32, 2, 1, args, self.tmp)
+            with CpuMeter(self.srv.proc.pid, self.pg_pid) as cpu:
+                d = run_wrk(self.srv.base + path, get_lua, 32, 2, self.seconds, args, self.tmp)
+            ok = d["requests"] - d["errors"]["status"]
+            self.record(f"{label}, 32 connections", ok / d["seconds"], "requests/s", d, cpu.result)
+        try:
+            self.creates("POST /tasks/batch x100, 32 connections", 100, 32, "R2", token)
+        except RuntimeError:
+            log("  (no POST /tasks/batch in this checkout)")
+
     def drain(self, batch: int, connections: int, project: str, token: str) -> dict[str, Any]:
         lua = self.tmp / "drain.lua"
         with CpuMeter(self.srv.proc.pid, self.pg_pid) as cpu:
@@ -363,26 +384,31 @@ def bench_pgqueuer(maint: str, batch: int, connections: int, seconds: float, pg_
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| step | rate | p50 / p99 ms | load | log gapless | CPU % of a core: serve / pg / client / other |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| step | rate | p50 / p99 ms | load | log gapless | CPU % of a core: serve / pg / client / other "
+             "| µs of CPU per unit: serve / pg |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         c = r["cpu"]
+        per = (f"{1e4 * c['serve'] / r['rate']:,.0f} / {1e4 * c['postgres'] / r['rate']:,.0f}"
+               if r["rate"] else "-")
         lines.append(f"| {r['what']} | {r['rate']:,.0f} {r['unit']} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
                      f"{r['load']:.2f} | {'-' if r['gapless'] is None else r['gapless']} | "
-                     f"{c['serve']:.0f} / {c['postgres']:.0f} / {c['client']:.0f} / {c['other']:.0f} |")
+                     f"{c['serve']:.0f} / {c['postgres']:.0f} / {c['client']:.0f} / {c['other']:.0f} | {per} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--database-url", help="maintenance URL of a PostgreSQL server (default: embedded)")
-    ap.add_argument("--steps", default="pgbench,single,batch,loop,pgqueuer")
+    ap.add_argument("--steps", default="pgbench,routes,batch,loop,pgqueuer")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--loop-connections", type=int, default=32)
     ap.add_argument("--queue-batch", type=int, default=100, help="B for the PgQueuer comparison")
     ap.add_argument("--queue-connections", type=int, default=8, help="C for the PgQueuer comparison")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--serve-root", type=Path, default=ROOT,
+                    help="checkout whose code serves (default: this one)")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
@@ -419,10 +445,12 @@ def main(argv: list[str] | None = None) -> int:
             pgbench()
         name = f"bench_queue_{uuid.uuid4().hex[:6]}"
         db_url = create_database(maint, name)
-        srv = Serve(db_url, "granian", args.workers, tmp)
+        srv = Serve(db_url, "granian", args.workers, tmp, root=args.serve_root)
         try:
             producer, c = srv.token("producer"), args.connections
             s = Steps(srv, db_url, pg_pid, tmp, args.seconds)
+            if "routes" in steps:
+                s.route_costs(producer)
             if "single" in steps:
                 s.creates(f"POST /tasks, {c} connections", 0, c, "S1", producer)
             if "batch" in steps:
