@@ -418,13 +418,14 @@ class Serve:
 
 
 def wrk(url: str, lua: Path, connections: int, seconds: float, args: list[str],
-        outdir: Path) -> dict[str, Any]:
+        outdir: Path, threads: int | None = None) -> dict[str, Any]:
+    """Run wrk with a Lua script that writes its results as JSON to $BENCH_OUT."""
     out = outdir / f"wrk-{uuid.uuid4().hex[:8]}.json"
-    threads = min(2, connections)
+    threads = threads or min(2, connections)
     cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s",
            "--timeout", "30s", "-s", str(lua), url, "--", *args]
     res = subprocess.run(cmd, env=dict(os.environ, BENCH_OUT=str(out)), capture_output=True, text=True,
-                         timeout=seconds + 60, check=False)
+                         timeout=seconds + 120, check=False)
     if res.returncode != 0 or not out.exists():
         raise RuntimeError(f"wrk failed ({res.returncode}): {res.stdout}\n{res.stderr}")
     data: dict[str, Any] = json.loads(out.read_text())

@@ -40,7 +40,6 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +62,7 @@ from bench.append_http import (
     log,
     machine,
     postmaster_pid,
+    wrk,
 )
 from service.embedded import start_embedded, with_database
 
@@ -217,15 +217,7 @@ end
 
 def run_wrk(url: str, lua: Path, connections: int, threads: int, seconds: float, args: list[str],
             tmp: Path) -> dict[str, Any]:
-    out = tmp / f"wrk-{uuid.uuid4().hex[:8]}.json"
-    cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s",
-           "--timeout", "30s", "-s", str(lua), url, "--", *args]
-    res = subprocess.run(cmd, env=dict(os.environ, BENCH_OUT=str(out)), capture_output=True, text=True,
-                         timeout=seconds + 120, check=False)
-    if res.returncode != 0 or not out.exists():
-        raise RuntimeError(f"wrk failed ({res.returncode}): {res.stdout}\n{res.stderr}")
-    data: dict[str, Any] = json.loads(out.read_text())
-    out.unlink()
+    data = wrk(url, lua, connections, seconds, args, tmp, threads=threads)
     data["seconds"] = data["duration_us"] / 1e6
     return data
 
