@@ -42,6 +42,7 @@ import resource
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -222,6 +223,41 @@ def run_wrk(url: str, lua: Path, connections: int, threads: int, seconds: float,
     return data
 
 
+class Autovacuum:
+    """Counts, twice a second during a step, the autovacuum workers running on the
+    server: their CPU is in the PostgreSQL column, and tables just filled by a
+    step draw them into the next one."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.samples, self.busy = url, 0, 0
+        self.tables: set[str] = set()
+        self._stop = threading.Event()
+
+    def __enter__(self) -> Autovacuum:
+        self._t = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join(5)
+
+    async def _run(self) -> None:
+        c = await asyncpg.connect(self.url)
+        try:
+            while not self._stop.is_set():
+                rows = await c.fetch("SELECT query FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'")
+                self.samples += 1
+                self.busy += bool(rows)
+                self.tables |= {r["query"] for r in rows if r["query"]}
+                await asyncio.sleep(0.5)
+        finally:
+            await c.close()
+
+    def share(self) -> float:
+        return self.busy / self.samples if self.samples else 0.0
+
+
 async def _gapless(db_url: str) -> bool:
     c = await asyncpg.connect(db_url)
     try:
@@ -261,20 +297,21 @@ class Steps:
         lua = self.tmp / "create.lua"
         run_wrk(self.srv.base, lua, connections, 2, 1, [f"warm{uuid.uuid4().hex[:4]}", token, str(per)],
                 self.tmp)
-        with CpuMeter(self.srv.proc.pid, self.pg_pid) as cpu:
+        with CpuMeter(self.srv.proc.pid, self.pg_pid) as cpu, Autovacuum(self.db_url) as av:
             d = run_wrk(self.srv.base, lua, connections, 2, seconds or self.seconds, [project, token, str(per)],
                         self.tmp)
         return self.record(what, d["created"] / d["seconds"], "tasks/s", d, cpu.result, bad=d["bad"],
-                           requests_per_s=d["requests"] / d["seconds"], created=d["created"])
+                           requests_per_s=d["requests"] / d["seconds"], created=d["created"],
+                           autovacuum=av.share(), vacuumed=sorted(av.tables))
 
     def loop(self, connections: int, producer: str, maker: str, checker: str) -> dict[str, Any]:
         lua = self.tmp / "loop.lua"
-        with CpuMeter(self.srv.proc.pid, self.pg_pid) as cpu:
+        with CpuMeter(self.srv.proc.pid, self.pg_pid) as cpu, Autovacuum(self.db_url) as av:
             d = run_wrk(self.srv.base, lua, connections, connections, self.seconds,
                         [f"L{uuid.uuid4().hex[:4]}", producer, maker, checker], self.tmp)
         return self.record(f"loop, wrk, {connections} connections", d["loops"] / d["seconds"], "loops/s", d,
                            cpu.result, http_per_s=d["requests_ok"] / d["seconds"], bad=d["bad"],
-                           empty_claims=d["empty_claims"])
+                           empty_claims=d["empty_claims"], autovacuum=av.share(), vacuumed=sorted(av.tables))
 
     def route_costs(self, token: str) -> None:
         """Serve CPU per request, route by route (µs of the serve process's CPU / answered requests)."""
@@ -296,12 +333,13 @@ class Steps:
 
     def drain(self, batch: int, connections: int, project: str, token: str) -> dict[str, Any]:
         lua = self.tmp / "drain.lua"
-        with CpuMeter(self.srv.proc.pid, self.pg_pid) as cpu:
+        with CpuMeter(self.srv.proc.pid, self.pg_pid) as cpu, Autovacuum(self.db_url) as av:
             d = run_wrk(self.srv.base, lua, connections, connections, self.seconds, [project, token, str(batch)],
                         self.tmp)
         return self.record(f"taskledger claim/batch (max {batch}) + start + complete, {connections} connections",
                            d["cycles"] / d["seconds"], "cycles/s", d, cpu.result, bad=d["bad"],
-                           claims=d["claims"], empty_claims=d["empty_claims"])
+                           claims=d["claims"], empty_claims=d["empty_claims"], autovacuum=av.share(),
+                           vacuumed=sorted(av.tables))
 
 
 # ---------------------------------------------------------------------------
