@@ -106,9 +106,9 @@ class Fold(Protocol):
     def reset(self) -> None: ...
 
 
-# A fold may also have `async def flush(self) -> None`: wait for the writes it
-# left running on `conn` (see `settle`); `apply` must not return with more
-# than one page's write still running.
+# A fold may also hold rows back between pages and write them later, with
+# `async def flush(self) -> None` (write them all and wait: `settle`) and
+# `async def idle(self) -> None` (wait for a write left running on `conn`).
 
 
 @dataclass(frozen=True)
@@ -203,11 +203,18 @@ def _no_gc() -> Iterator[None]:
 
 
 async def settle(fold: Fold, conn: Any) -> None:
-    """Wait for the rows a fold is still writing on `conn` (a fold may write a page
-    while the next one is read and folded); before anything else uses `conn`."""
+    """Have the fold write every row it holds back, and wait for it: after this,
+    the tables reflect everything folded and nothing runs on `conn`."""
     flush = getattr(fold, "flush", None)
     if flush is not None:
         await flush()
+
+
+async def _idle(fold: Fold) -> None:
+    """Wait for a write the fold left running on `conn` (it may hold more rows back)."""
+    idle = getattr(fold, "idle", None)
+    if idle is not None:
+        await idle()
 
 
 async def fold_range(
@@ -232,7 +239,7 @@ async def fold_range(
                     page, ahead = await ahead, None
                 else:
                     if reader is None:
-                        await settle(fold, conn)
+                        await _idle(fold)
                     page = await read_page(reader or conn, p.streams, pos, end)
                 if reader is not None and end < upto:
                     ahead = asyncio.ensure_future(

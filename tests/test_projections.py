@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from typing import Any
 
 import asyncpg
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from projections import framework
+from projections import tasks as tasks_view
 from service.cli import main as cli
 from tests.conftest import AppHarness, Client, ServerProcess
 from tests.flows import claim, complete_verify, create_task, make, project
@@ -252,3 +254,28 @@ async def test_an_async_projection_folds_from_its_checkpoint_and_checks_like_the
         await conn.execute("UPDATE event_counts SET n = n + 1 WHERE type = 'task.created'")
         diffs = await framework.check(conn, [counts])
     assert [(d.key, d.field) for d in diffs] == [("task.created", "n")]
+
+
+@pytest.mark.parametrize("cache_max", [1, 3, 50_000])
+async def test_a_rebuild_that_evicts_its_cache_between_pages_writes_the_same_rows(
+    harness: AppHarness, pool: asyncpg.Pool, db_url: str, cache_max: int
+) -> None:
+    # Rows are held back and written once (COPY for new rows, an upsert for the
+    # rest); a small cache evicts between pages, so rows are written, reloaded
+    # and written again, and streams span many pages.
+    actors = await _actors(harness)
+    for _ in range(2):
+        await _busy_day(*actors)
+    live = await pool.fetch("SELECT to_jsonb(t)::text AS r FROM tasks t ORDER BY id")
+    p = dataclasses.replace(framework.get("tasks"), new_fold=lambda: tasks_view.TaskFold(
+        write="tasks", cache_max=cache_max))
+    conn = await asyncpg.connect(db_url)
+    reader = await asyncpg.connect(db_url)
+    try:
+        res = await framework.rebuild(conn, p, page_seqs=5, catch_up_under_lock=0, reader=reader)
+    finally:
+        await conn.close()
+        await reader.close()
+    assert res.seq == await pool.fetchval("SELECT seq FROM log_head")
+    assert await pool.fetch("SELECT to_jsonb(t)::text AS r FROM tasks t ORDER BY id") == live
+    assert await _check(pool) == []
