@@ -46,6 +46,7 @@ openapi: $(STAMP)  ## rewrite openapi/openapi.json from the app
 
 bench: $(STAMP)  ## run every benchmark (a quarter of an hour; figures in docs/BENCHMARKS.md)
 	$(BIN)/python -m bench.append_http
+	$(BIN)/python -m bench.queue
 	$(BIN)/python -m bench.sse_latency --subscribers 1000 --seconds 20 --rate 10
 	$(BIN)/python -m bench.sse_capacity --subscribers 10000 --seconds 20
 	$(BIN)/python -m bench.sse_catchup

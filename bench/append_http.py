@@ -362,7 +362,9 @@ def drop_database(maint_url: str, name: str) -> None:
 class Serve:
     """`taskledger serve` in its own process group."""
 
-    def __init__(self, db_url: str, server: str, workers: int, logdir: Path) -> None:
+    def __init__(self, db_url: str, server: str, workers: int, logdir: Path, root: Path = ROOT) -> None:
+        """`root`: the checkout whose code serves (`python -m` imports from the working directory
+        first), e.g. another worktree for a before/after comparison."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = logdir / f"serve-{server}-{workers}.log"
@@ -370,7 +372,7 @@ class Serve:
                "--server", server, "--workers", str(workers), "--database-url", db_url]
         env = dict(os.environ, TASKLEDGER_ADMIN_TOKEN=ADMIN_TOKEN)
         env.pop("TASKLEDGER_DATABASE_URL", None)
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log_path.open("wb"),
+        self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=self.log_path.open("wb"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -416,13 +418,14 @@ class Serve:
 
 
 def wrk(url: str, lua: Path, connections: int, seconds: float, args: list[str],
-        outdir: Path) -> dict[str, Any]:
+        outdir: Path, threads: int | None = None) -> dict[str, Any]:
+    """Run wrk with a Lua script that writes its results as JSON to $BENCH_OUT."""
     out = outdir / f"wrk-{uuid.uuid4().hex[:8]}.json"
-    threads = min(2, connections)
+    threads = threads or min(2, connections)
     cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s",
            "--timeout", "30s", "-s", str(lua), url, "--", *args]
     res = subprocess.run(cmd, env=dict(os.environ, BENCH_OUT=str(out)), capture_output=True, text=True,
-                         timeout=seconds + 60, check=False)
+                         timeout=seconds + 120, check=False)
     if res.returncode != 0 or not out.exists():
         raise RuntimeError(f"wrk failed ({res.returncode}): {res.stdout}\n{res.stderr}")
     data: dict[str, Any] = json.loads(out.read_text())

@@ -157,8 +157,9 @@ async def main_async(args: argparse.Namespace, url: str) -> None:
         print(f"events table: {size}", flush=True)
         for label, rate in (await raw_reads(conn, head)).items():
             print(f"raw read, {label}: {rate:,.0f} events/s", flush=True)
+        reader = await asyncpg.connect(db)
         for p in framework.select(None):
-            res = await framework.rebuild(conn, p)
+            res = await framework.rebuild(conn, p, reader=reader)
             rows = await conn.fetchval(f"SELECT count(*) FROM {p.tables[0].name}")
             print(f"rebuild {p.name}: {res.seconds:.1f}s, {res.events_per_second:,.0f} log events/s, "
                   f"{rows:,} rows, head lock held {res.swap_ms:.1f} ms", flush=True)
@@ -167,6 +168,7 @@ async def main_async(args: argparse.Namespace, url: str) -> None:
             diffs = await framework.check(conn, [framework.get("tasks")])
             el = time.perf_counter() - t0
             print(f"check tasks: {el:.1f}s, {head / el:,.0f} events/s, {len(diffs)} differences", flush=True)
+        await reader.close()
         print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
               f"Python {platform.python_version()}, "
               f"{await conn.fetchval('SHOW server_version')}; {datetime.now(UTC):%Y-%m-%d}")

@@ -19,8 +19,10 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import json
 import os
 import re
+import sys
 import time
 from datetime import UTC, datetime
 
@@ -116,8 +118,22 @@ async def writer(pool: asyncpg.Pool, w: int, writers: int, rate: float, start: f
         k += 1
 
 
+async def _writers_alone(url: str, writers: int, rate: float, start: float, until: float) -> None:
+    """The load generator as its own process: its timestamps owe nothing to the subscribers' loop."""
+    pool = await asyncpg.create_pool(url, min_size=writers, max_size=writers)
+    written: list[int] = []
+    gc.disable()
+    await asyncio.gather(*(writer(pool, w, writers, rate, start, until, written) for w in range(writers)))
+    await pool.close()
+    print(json.dumps({"written": written, "committed": COMMITTED}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--as-writers", nargs=3, metavar=("URL", "START", "UNTIL"), help=argparse.SUPPRESS)
+    ap.add_argument("--same-process-writers", action="store_true",
+                    help="append from the subscribers' process (as before: the writers then wait on its loop)")
+    ap.add_argument("--workers", type=int, default=1, help="serve processes")
     ap.add_argument("--subscribers", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=20.0, help="events per second, all writers together")
     ap.add_argument("--writers", type=int, default=4)
@@ -126,6 +142,10 @@ def main() -> None:
     ap.add_argument("--server", choices=["granian", "uvicorn"], default="granian")
     ap.add_argument("--data-dir", default="/tmp/taskledger-bench-pg")
     args = ap.parse_args()
+    if args.as_writers:
+        url, start, until = args.as_writers
+        asyncio.run(_writers_alone(url, args.writers, args.rate, float(start), float(until)))
+        return
     exit_cleanly_on_sigterm()
     raise_fd_limit()
     global load  # noqa: PLW0603 - printed at the end
@@ -140,7 +160,7 @@ def main() -> None:
 async def run(args: argparse.Namespace, db: Database) -> None:
     url = await db.create()
     server = Server(url, env={"TASKLEDGER_MAX_STREAMS_PER_TOKEN": str(args.subscribers + 10)},
-                    server=args.server)
+                    server=args.server, workers=args.workers)
     tasks: list[asyncio.Task[None]] = []
     try:
         await server.ready()
@@ -163,8 +183,18 @@ async def run(args: argparse.Namespace, db: Database) -> None:
         gc.collect()
         gc.disable()
         try:
-            await asyncio.gather(*(writer(pool, w, args.writers, args.rate, start, start + args.seconds, written)
-                                   for w in range(args.writers)))
+            if args.same_process_writers:
+                await asyncio.gather(*(writer(pool, w, args.writers, args.rate, start, start + args.seconds,
+                                              written) for w in range(args.writers)))
+            else:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "bench.sse_latency", "--as-writers", url, str(start),
+                    str(start + args.seconds), "--writers", str(args.writers), "--rate", str(args.rate),
+                    stdout=asyncio.subprocess.PIPE)
+                out, _ = await proc.communicate()
+                got = json.loads(out)
+                written.extend(got["written"])
+                COMMITTED.update({int(k): v for k, v in got["committed"].items()})
         finally:
             gc.enable()
         cpu_server, cpu_client = server.cpu_seconds() - cpu0, time.process_time() - own0
@@ -196,7 +226,9 @@ async def run(args: argparse.Namespace, db: Database) -> None:
               f"spread first..last: p50 {percentile(spreads, 50):.1f} ms p99 {percentile(spreads, 99):.1f}")
     print(f"date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     print(f"machine: {machine()}")
-    print(f"server: {args.server}, 1 worker; subscribers: {args.subscribers} (connected in {connect_s:.1f}s); "
+    print(f"server: {args.server}, {args.workers} worker(s); writers in "
+          f"{'the subscribers' if args.same_process_writers else 'their own'} process; "
+          f"subscribers: {args.subscribers} (connected in {connect_s:.1f}s); "
           f"writers: {args.writers}; rate: {args.rate:g} events/s for {args.seconds:g}s "
           f"({len(expected)} events, {len(expected) * args.subscribers} deliveries)")
     print(f"CPU during the writes: server {cpu_server / args.seconds:.0%} of a core, "

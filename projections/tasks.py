@@ -7,6 +7,7 @@ that queries filter and order on. Blockers are folded from `task.blocked`,
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -246,19 +247,43 @@ def fold_page(
     changed: dict[str, None] = {}
     created: dict[str, int] = {}
     changed_blockers: dict[str, None] = {}
+    decode = task_events.decode
+    if blockers is None:
+        # the task rows alone: no blocker fold, no per-event tuple
+        for e in page:
+            stream = e.stream
+            tid = stream[5:] if stream.startswith("task:") else stream
+            s = states.get(tid)
+            if s is None:
+                created[tid] = e.seq
+            states[tid] = evolve(s, decode(e.type, e.data), seq=e.seq, version=e.stream_seq, at=e.recorded_at)
+            changed[tid] = None
+        return list(changed), created, []
     for e in page:
         tid = task_id_of(e.stream)
-        ev = task_events.decode(e.type, e.data)
+        ev = decode(e.type, e.data)
         s = states.get(tid)
         if s is None:
             created[tid] = e.seq
-        b = blockers.get(s.blocker_id) if blockers is not None and s is not None and s.blocker_id else None
+        b = blockers.get(s.blocker_id) if s is not None and s.blocker_id else None
         states[tid], nb = fold_one(s, b, ev, seq=e.seq, version=e.stream_seq, at=e.recorded_at)
-        if nb is not None and blockers is not None:
+        if nb is not None:
             blockers[nb.id] = nb
             changed_blockers[nb.id] = None
         changed[tid] = None
     return list(changed), created, list(changed_blockers)
+
+
+_COLUMNS = ["id", "project", "task_type", "state", "parent_task_id", "subtask_round", "is_parent", "priority",
+            "assignee", "node_blacklist", "maker_node", "maker_worker", "created_seq", "version", "seq",
+            "escalate_at", "body"]
+
+
+def copy_records(states: Iterable[TaskState], created: dict[str, int]) -> list[tuple[Any, ...]]:
+    """Rows for COPY into a table of the tasks shape (`_COLUMNS`), for rows not there yet."""
+    return [(s.id, s.project, s.task_type, s.state, s.parent_task_id, s.subtask_round, s.is_parent, s.priority,
+             s.assignee, list(s.node_blacklist), s.maker_node, s.maker_worker, created[s.id], s.version, s.seq,
+             escalate_at(s), _enc.encode(s).decode()) for s in states]
 
 
 class TaskFold:
@@ -267,6 +292,11 @@ class TaskFold:
     Task states are cached between pages, at most `cache_max` of them. For the
     task rows the cache reloads from the rows being written; for blockers
     (which do not write task rows) an evicted task is folded again from the log.
+
+    Task rows are written once each where possible: a changed state stays in
+    the cache until it is evicted or the fold is flushed, then rows new to the
+    table go in with COPY and the others with an upsert. The eviction's write
+    runs while the next page is read and folded (the states are frozen).
     """
 
     def __init__(self, *, write: str, cache_max: int = 50_000) -> None:
@@ -275,10 +305,54 @@ class TaskFold:
         self.cache_max = cache_max
         self.states: dict[str, TaskState] = {}
         self.blockers: dict[str, Blocker] = {}
+        self._dirty: dict[str, None] = {}
+        self._born: dict[str, int] = {}
+        # ids that may have a row: an upsert is right for them, COPY would collide.
+        # Kept across reset(): a rolled-back row is simply inserted by the upsert.
+        self._written: set[str] = set()
+        self._writing: asyncio.Task[None] | None = None
+        self._table = ""
+        self._conn: Any = None
 
     def reset(self) -> None:
         self.states.clear()
         self.blockers.clear()
+        self._dirty.clear()
+        self._born.clear()
+        if self._writing is not None:
+            w, self._writing = self._writing, None
+            w.cancel()
+            w.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def idle(self) -> None:
+        """Wait for the eviction's write still running on the connection."""
+        if self._writing is not None:
+            w, self._writing = self._writing, None
+            await w
+
+    async def flush(self) -> None:
+        """Write every changed row (and wait for the eviction's write)."""
+        await self.idle()
+        if self._dirty:
+            await self._write_dirty()
+
+    def _take_dirty(self) -> tuple[list[TaskState], list[TaskState], dict[str, int]]:
+        fresh = [self.states[i] for i in self._dirty if i not in self._written]
+        again = [self.states[i] for i in self._dirty if i in self._written]
+        born = {s.id: self._born.pop(s.id) for s in fresh}
+        self._written.update(self._dirty)
+        self._dirty = {}
+        return fresh, again, born
+
+    async def _write(self, fresh: list[TaskState], again: list[TaskState], born: dict[str, int]) -> None:
+        if fresh:
+            await self._conn.copy_records_to_table(self._table, records=copy_records(fresh, born),
+                                                   columns=_COLUMNS)
+        if again:
+            await save(self._conn, again, {}, table=self._table)
+
+    async def _write_dirty(self) -> None:
+        await self._write(*self._take_dirty())
 
     async def apply(self, conn: Any, page: Sequence[StoredEvent], tables: Any) -> None:
         first: dict[str, StoredEvent] = {}
@@ -286,11 +360,14 @@ class TaskFold:
             first.setdefault(e.stream, e)
         missing = [task_id_of(s) for s, e in first.items()
                    if e.stream_seq > 1 and task_id_of(s) not in self.states]
+        await self.idle()  # the rows being written are the ones `missing` may reload
         if missing:
             await self._load(conn, missing, page[0].seq, tables)
         if self.write == "tasks":
+            self._conn, self._table = conn, tables["tasks"]
             changed, created, _ = fold_page(self.states, None, page)
-            await save(conn, [self.states[t] for t in changed], created, table=tables["tasks"])
+            self._dirty.update(dict.fromkeys(changed))
+            self._born.update(created)
         else:
             bids = {s.blocker_id for t in first
                     if (s := self.states.get(task_id_of(t))) is not None and s.blocker_id is not None}
@@ -304,7 +381,11 @@ class TaskFold:
             _, _, changed_b = fold_page(self.states, self.blockers, page)
             await save_blockers(conn, [self.blockers[b] for b in changed_b], table=tables["blockers"])
         if len(self.states) > self.cache_max:
-            self.reset()
+            # evict (states reload from the rows, blockers from the log), writing what changed
+            if self._dirty:
+                self._writing = asyncio.ensure_future(self._write(*self._take_dirty()))
+            self.states.clear()
+            self.blockers.clear()
 
     async def _load(self, conn: Any, ids: list[str], before_seq: int, tables: Any) -> None:
         if self.write == "tasks":

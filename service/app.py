@@ -43,6 +43,7 @@ _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"\\')
 _MODULES: Sequence[str] = (
     "service.routes.system",
     "service.routes.tasks",
+    "service.routes.task_batches",
     "service.routes.jobs",
     "service.routes.streams",
     "service.routes.admin",

@@ -61,6 +61,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         conn = await asyncpg.connect(url)
+        reader = await asyncpg.connect(url)  # reads the next page while this one folds
         try:
             with Progress(
                 TextColumn("[bold]{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
@@ -77,7 +78,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
                                    rate=f"{done / el:,.0f}" if el > 0 else "-")
 
                     try:
-                        res = await framework.rebuild(conn, p, progress=progress)
+                        res = await framework.rebuild(conn, p, progress=progress, reader=reader)
                     except framework.RebuildBusy as e:
                         console.print(f"[red]{e}")
                         return 1
@@ -88,6 +89,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
             return 0
         finally:
             await conn.close()
+            await reader.close()
 
     rc = asyncio.run(go())
     del handle

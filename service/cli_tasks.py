@@ -60,6 +60,19 @@ class Worker:
         task: dict[str, Any] = r.json()
         return task
 
+    async def claim_many(self, n: int) -> list[dict[str, Any]]:
+        """Up to `n` tasks in one call, each with its own lease."""
+        if n == 1:
+            one = await self.claim()
+            return [one] if one is not None else []
+        body: dict[str, Any] = {"task_types": self.task_types, "lease_seconds": self.lease_seconds, "max": n}
+        if self.projects:
+            body["projects"] = self.projects
+        r = await self.http.post("/tasks/claim/batch", json=body)
+        r.raise_for_status()
+        tasks: list[dict[str, Any]] = r.json()["tasks"]
+        return tasks
+
     async def post(self, task: dict[str, Any], action: str, **body: Any) -> httpx.Response:
         return await self.http.post(f"/tasks/{task['id']}/{action}", json={"lease_id": task["lease_id"], **body})
 
@@ -172,24 +185,38 @@ async def run_worker(args: argparse.Namespace) -> int:
     projects = [p.strip() for p in args.projects.split(",") if p.strip()] if args.projects else None
     w = Worker(args.url, args.token, task_types=types, projects=projects, lease_seconds=args.lease_seconds,
                command_timeout=args.command_timeout)
+    slots = max(1, args.concurrency)
+    running: set[asyncio.Task[None]] = set()
     try:
         while True:
-            try:
-                task = await w.claim()
-            except httpx.HTTPError as e:
-                if args.once:
-                    print(f"claim failed: {e}", file=sys.stderr)
-                    return 1
-                await asyncio.sleep(args.poll)
-                continue
-            if task is None:
+            claimed: list[dict[str, Any]] = []
+            if len(running) < slots:
+                try:
+                    claimed = await w.claim_many(slots - len(running))
+                except httpx.HTTPError as e:
+                    if args.once and not running:
+                        print(f"claim failed: {e}", file=sys.stderr)
+                        return 1
+            for task in claimed:
+                w.say(task=task["id"], event="claimed", task_type=task["task_type"], attempt=task.get("attempt"))
+                running.add(asyncio.create_task(w.work_one(task)))
+            if not running:
                 if args.once:
                     return 0
                 await asyncio.sleep(args.poll)
                 continue
-            w.say(task=task["id"], event="claimed", task_type=task["task_type"], attempt=task.get("attempt"))
-            await w.work_one(task)
+            if claimed and len(running) < slots:
+                continue
+            # every slot is busy, or nothing more to claim now: wait for a slot (or poll again)
+            _, pending = await asyncio.wait(running, timeout=None if len(running) >= slots or args.once
+                                            else args.poll, return_when=asyncio.FIRST_COMPLETED)
+            for t in running - pending:
+                t.result()
+            running = set(pending)
     finally:
+        for t in running:
+            t.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
         await w.close()
 
 
@@ -206,4 +233,6 @@ def register(sub: Any) -> None:
     p.add_argument("--lease-seconds", type=int, default=60)
     p.add_argument("--command-timeout", type=float, default=3600.0)
     p.add_argument("--poll", type=float, default=1.0, help="seconds between claims when idle")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="tasks worked on at once; more than 1 claims them in batches (POST /tasks/claim/batch)")
     p.set_defaults(func=cmd_worker)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 
 from projections import framework
+from projections import tasks as tasks_view
 from service.cli import main as cli
 from tests.conftest import AppHarness, Client, ServerProcess
 from tests.flows import claim, complete_verify, create_task, make, project
@@ -117,8 +120,9 @@ async def test_rebuild_is_for_admins_and_names_unknown_projections(harness: AppH
     assert r.status_code == 400
 
 
+@pytest.mark.parametrize("read_ahead", [False, True], ids=["one_connection", "pages_read_ahead"])
 async def test_a_rebuild_under_concurrent_writes_equals_the_live_projection_row_for_row(
-    server: ServerProcess, db_url: str
+    server: ServerProcess, db_url: str, read_ahead: bool
 ) -> None:
     async with httpx.AsyncClient(base_url=server.base, timeout=30) as http:
         producer = Client(http, server.token("producer"))  # type: ignore[arg-type]
@@ -143,10 +147,11 @@ async def test_a_rebuild_under_concurrent_writes_equals_the_live_projection_row_
 
         load = asyncio.create_task(writer_load())
         conn = await asyncpg.connect(db_url)
+        reader = await asyncpg.connect(db_url) if read_ahead else None
         try:
             for p in framework.select(None):
                 # small pages and a tiny lock window, so writes land between pages and during catch-up
-                res = await framework.rebuild(conn, p, page_seqs=7, catch_up_under_lock=3)
+                res = await framework.rebuild(conn, p, page_seqs=7, catch_up_under_lock=3, reader=reader)
                 assert res.seq > 0
                 # writes go on against the swapped-in tables
                 await another_day()
@@ -156,6 +161,8 @@ async def test_a_rebuild_under_concurrent_writes_equals_the_live_projection_row_
             with contextlib.suppress(Exception):
                 await load
             await conn.close()
+            if reader is not None:
+                await reader.close()
         assert done >= 4
         pool = await asyncpg.create_pool(db_url, min_size=1, max_size=2)
         try:
@@ -247,3 +254,28 @@ async def test_an_async_projection_folds_from_its_checkpoint_and_checks_like_the
         await conn.execute("UPDATE event_counts SET n = n + 1 WHERE type = 'task.created'")
         diffs = await framework.check(conn, [counts])
     assert [(d.key, d.field) for d in diffs] == [("task.created", "n")]
+
+
+@pytest.mark.parametrize("cache_max", [1, 3, 50_000])
+async def test_a_rebuild_that_evicts_its_cache_between_pages_writes_the_same_rows(
+    harness: AppHarness, pool: asyncpg.Pool, db_url: str, cache_max: int
+) -> None:
+    # Rows are held back and written once (COPY for new rows, an upsert for the
+    # rest); a small cache evicts between pages, so rows are written, reloaded
+    # and written again, and streams span many pages.
+    actors = await _actors(harness)
+    for _ in range(2):
+        await _busy_day(*actors)
+    live = await pool.fetch("SELECT to_jsonb(t)::text AS r FROM tasks t ORDER BY id")
+    p = dataclasses.replace(framework.get("tasks"), new_fold=lambda: tasks_view.TaskFold(
+        write="tasks", cache_max=cache_max))
+    conn = await asyncpg.connect(db_url)
+    reader = await asyncpg.connect(db_url)
+    try:
+        res = await framework.rebuild(conn, p, page_seqs=5, catch_up_under_lock=0, reader=reader)
+    finally:
+        await conn.close()
+        await reader.close()
+    assert res.seq == await pool.fetchval("SELECT seq FROM log_head")
+    assert await pool.fetch("SELECT to_jsonb(t)::text AS r FROM tasks t ORDER BY id") == live
+    assert await _check(pool) == []

@@ -91,3 +91,23 @@ def test_a_panels_checks_learn_their_checker_task_type_and_maker(server: ServerP
     with server.client(producer) as c:
         v = c.get("/tasks/build-4").json()
     assert v["state"] == "verified" and sorted(r["checker"] for r in v["verdicts"]) == ["lint", "tests"]
+
+
+def test_concurrency_works_on_several_claimed_tasks_at_once(server: ServerProcess, tmp_path: Path) -> None:
+    # Each task's spec waits until all four have started: with one task at a
+    # time the first would wait in vain and fail after 10 s.
+    producer = server.token("producer")
+    maker = server.token("worker", node="node-a")
+    spec = (f"touch {tmp_path}/$TASKLEDGER_TASK_ID; for i in $(seq 100); do "
+            f"[ $(ls {tmp_path} | wc -l) -ge 4 ] && exit 0; sleep 0.1; done; exit 1")
+    ids = [f"conc-{i}" for i in range(4)]
+    with server.client(producer) as c:
+        r = c.post("/tasks/batch", json={"tasks": [
+            {"id": i, "project": "conc", "title": "t", "spec": spec, "verification": None, "max_attempts": 1}
+            for i in ids]})
+        assert r.status_code == 201, r.text
+    log = run_worker(server, maker, "--projects", "conc", "--concurrency", "4")
+    assert log.count('"event": "claimed"') == 4, log
+    with server.client(producer) as c:
+        states = [c.get(f"/tasks/{i}").json()["state"] for i in ids]
+    assert states == ["completed"] * 4, log

@@ -189,7 +189,7 @@ class BlockerList(msgspec.Struct, kw_only=True):
     blockers: list[Any]
 
 
-def _escalation(request: Request[Any, Any, Any]) -> int:
+def default_escalation(request: Request[Any, Any, Any]) -> int:
     return int(request.app.state.settings.escalate_after_seconds)
 
 
@@ -216,7 +216,7 @@ class TaskController(Controller):
     async def create(self, request: Request[Any, Any, Any], data: JSONBody[CreateTask]) -> Response[Any]:
         ctx = ctx_of(request)
         t = to_new_task(data, parent_task_id=data.parent_task_id)
-        esc = _escalation(request)
+        esc = default_escalation(request)
         ids = [t.id, t.parent_task_id] if t.parent_task_id else [t.id]
         return respond(await run(request, ctx, seen_by(ctx, lambda u: cmds.create(u, ctx, t, default_escalation=esc)),
                                  status=201, prefetch=[("tasks", i) for i in ids]), 201)
@@ -420,7 +420,7 @@ class TaskController(Controller):
         subs = [to_new_task(b, parent_task_id=task_id, project=parent_project) for b in data.new_subtasks]
         review = Review(decision=data.decision, notes=data.notes, goal_clear=data.goal_clear,
                         coverage=data.coverage, next_round=data.next_round, new_subtasks=subs)
-        esc = _escalation(request)
+        esc = default_escalation(request)
         return respond(await run(request, ctx, seen_by(ctx, lambda u: cmds.round_review(
             u, ctx, task_id, review, default_escalation=esc))))
 
