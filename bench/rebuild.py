@@ -39,6 +39,7 @@ from events.task.panel import Verdict, decide_complete, decide_verifier_complete
 from events.task.rules import Claim, NewTask, decide_claim, decide_collect, decide_create, decide_start
 from events.task.state import evolve
 from projections import framework
+from service.embedded import with_database
 
 PH = "XQXIDXQX"
 _enc = msgspec.json.Encoder()
@@ -157,7 +158,7 @@ async def main_async(args: argparse.Namespace, url: str) -> None:
         print(f"events table: {size}", flush=True)
         for label, rate in (await raw_reads(conn, head)).items():
             print(f"raw read, {label}: {rate:,.0f} events/s", flush=True)
-        reader = await asyncpg.connect(db)
+        reader = await asyncpg.connect(with_database(url, await conn.fetchval("SELECT current_database()")))
         for p in framework.select(None):
             res = await framework.rebuild(conn, p, reader=reader)
             rows = await conn.fetchval(f"SELECT count(*) FROM {p.tables[0].name}")

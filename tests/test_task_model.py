@@ -636,10 +636,8 @@ def test_fold_replays_the_log_into_the_same_state() -> None:
     w = World()
     w.new("T1")
     w.make("T1")
-    seq = 0
     stream = []
-    for tid, ev in w.log:
-        seq += 1
+    for seq, (tid, ev) in enumerate(w.log, start=1):
         if tid == "T1":
             stream.append((ev, seq, len(stream) + 1, "2026-11-22T00:00:00.000000Z"))
     assert fold(stream) == w.states["T1"]
