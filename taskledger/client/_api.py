@@ -176,9 +176,10 @@ def cancel_job(job_id: str) -> Call[Job]:
 
 
 def create_token(role: Literal["admin", "producer", "worker", "reviewer", "reader"], name: str, *,
-                 node: str | None = None) -> Call[TokenCreated]:
-    """A new API token (admin); a worker token needs its node."""
-    return Call("POST", "/tokens", TokenCreated, body=CreateToken(role=role, name=name, node=node))
+                 node: str | None = None, expires_in_seconds: int | None = None) -> Call[TokenCreated]:
+    """A new API token (admin); a worker token needs its node; it expires after `expires_in_seconds` if given."""
+    return Call("POST", "/tokens", TokenCreated,
+                body=CreateToken(role=role, name=name, node=node, expires_in_seconds=expires_in_seconds))
 
 
 def create_webhook(url: str, secret: str, *, types: list[str] | None = None,

@@ -154,6 +154,7 @@ class CreateToken(_Request):
     role: Literal["admin", "producer", "worker", "reviewer", "reader"]
     name: str
     node: str | None = None
+    expires_in_seconds: int | None = None
 
 
 class CreateWebhook(_Request):
@@ -300,10 +301,12 @@ class Job(msgspec.Struct, kw_only=True):
 
 
 class TokenCreated(msgspec.Struct, kw_only=True):
+    id: str
     token: str
     role: str
     name: str
     node: str | None = None
+    expires_at: str | None = None
 
 
 class Webhook(msgspec.Struct, kw_only=True):
