@@ -193,8 +193,11 @@ def test_history_time_travel_trust_and_acting_from_the_page(db_url: str) -> None
             page = b.session(srv.base, people.tokens["reader"])
             violations += _axe_serious(page, axe, "board")
 
-            # ---- trust at a glance
-            expect(page.locator("#trust-chain [data-state=ok]")).to_contain_text("verified")
+            # ---- trust at a glance (checking the chain is an admin's: a reader is told so)
+            expect(page.locator("#trust-chain [data-state=unknown]")).to_contain_text("needs another role")
+            ap = b.session(srv.base, ADMIN_TOKEN)
+            expect(ap.locator("#trust-chain [data-state=ok]")).to_contain_text("verified")
+            ap.context.close()
             expect(page.locator("#trust-checkpoint")).to_have_text("none in the log")
             expect(page.locator("#trust-writer")).to_contain_text("batches")
             expect(page.locator("#trust-lag")).to_contain_text("lag 0")

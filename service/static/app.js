@@ -1089,7 +1089,14 @@
       timelineView(p, events),
     ];
     const focused = document.activeElement && $('detail-body').contains(document.activeElement) ? document.activeElement.id : null;
+    // A live event redraws the page while someone may be filling an action form:
+    // what they typed survives the redraw (the forms are built from the task).
+    const typed = new Map();
+    $('detail-body').querySelectorAll('form.act input, form.act textarea, form.act select').forEach((el) => {
+      if (el.id && el.dataset.edited) typed.set(el.id, el.value);
+    });
     $('detail-body').replaceChildren(...body.flat(Infinity).filter(Boolean));
+    typed.forEach((value, id) => { const el = $(id); if (el) { el.value = value; el.dataset.edited = '1'; } });
     if (focused && $(focused)) $(focused).focus();
   }
 
@@ -1132,6 +1139,8 @@
   function actionForm(name, title, fields, submitText, build) {
     const form = h('form', { class: 'act', id: 'act-' + name, 'aria-label': title },
       h('h4', null, title), fields, h('button', { type: 'submit' }, submitText));
+    form.addEventListener('input', (e) => { e.target.dataset.edited = '1'; });
+    form.addEventListener('change', (e) => { e.target.dataset.edited = '1'; });
     form.addEventListener('submit', async (e) => {
       e.preventDefault();
       const p = S.page;
@@ -1141,6 +1150,7 @@
       try {
         const t = await act(path, body);
         if (t && t.id) { S.tasks.set(t.id, t); }
+        form.querySelectorAll('[data-edited]').forEach((el) => { delete el.dataset.edited; });
         p.message = { ok: true, text: `${title}: done (now ${t && t.state ? t.state : 'updated'}).` };
       } catch (err) {
         if (err instanceof Unauthorized) return signedOut(err.message);
