@@ -21,7 +21,7 @@ run: $(STAMP)  ## serve on 127.0.0.1:8080 (embedded PostgreSQL unless TASKLEDGER
 	$(BIN)/taskledger serve
 
 test: $(STAMP)  ## run the whole test suite (embedded PostgreSQL unless TASKLEDGER_TEST_DATABASE_URL is set)
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_ARGS)
 
 deep: $(STAMP)  ## the property tests with many more (random) examples; failures kept in .hypothesis/examples
 	HYPOTHESIS_PROFILE=deep $(BIN)/pytest -q -p no:cacheprovider tests/test_task_machine.py
