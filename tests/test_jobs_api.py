@@ -395,6 +395,7 @@ async def test_roles(harness: AppHarness) -> None:
     assert (await reader.post("/jobs", {"commands": ["true"]})).status_code == 403
     jid = await _new_job(producer, ["true"])
     assert (await reader.post(f"/jobs/{jid}/cancel")).status_code == 403
+    assert (await runner.post(f"/jobs/{jid}/cancel")).status_code == 403  # starting one is not cancelling
     assert (await producer.post("/jobs/claim", {})).status_code == 403
     assert (await reader.ok(await reader.get(f"/jobs/{jid}")))["job_id"] == jid
     listed = await reader.ok(await reader.get("/jobs", params={"state": "pending"}))
