@@ -18,6 +18,10 @@ import httpx
 from service.cli import command_env
 
 TERMINAL = ("completed", "failed", "cancelled")
+# The exit code reported for a command killed after the job's command_timeout_seconds
+# (the one GNU `timeout` uses), with `timed_out: true`.
+TIMEOUT_EXIT_CODE = 124
+MAX_OUTPUT_TAIL_BYTES = 16384  # what the service accepts in one report
 
 
 def register(sub: Any) -> None:
@@ -43,6 +47,13 @@ def register(sub: Any) -> None:
         default=1.0,
         help="how often to look for a cancel request between reports",
     )
+    p.add_argument(
+        "--output-tail-bytes",
+        type=_tail_bytes,
+        default=4096,
+        metavar="N",
+        help=f"report the last N bytes of each command's output (stdout and stderr), 0-{MAX_OUTPUT_TAIL_BYTES}",
+    )
     p.add_argument("--poll-seconds", type=float, default=1.0, help="wait between empty claims")
     p.add_argument("--project", action="append", dest="projects", help="claim only jobs of this project")
     p.set_defaults(func=cmd_runner)
@@ -53,6 +64,13 @@ def register(sub: Any) -> None:
     w.add_argument("job_id")
     add_client_flags(w)
     w.set_defaults(func=cmd_watch)
+
+
+def _tail_bytes(text: str) -> int:
+    n = int(text)
+    if not 0 <= n <= MAX_OUTPUT_TAIL_BYTES:
+        raise argparse.ArgumentTypeError(f"must be 0-{MAX_OUTPUT_TAIL_BYTES}")
+    return n
 
 
 def _client(args: argparse.Namespace, timeout: float = 30.0) -> httpx.AsyncClient:
@@ -74,6 +92,36 @@ class LeaseLost(Exception):
     """The service no longer lets us report on this job (it ended, or the lease moved)."""
 
 
+class OutputTail:
+    """The last `limit` bytes of a command's output, read as it comes and copied to our stderr."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.buf = bytearray()
+        self.truncated = False
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf += chunk
+        if len(self.buf) > self.limit:
+            del self.buf[: len(self.buf) - self.limit]
+            self.truncated = True
+
+    async def drain(self, stream: asyncio.StreamReader | None) -> None:
+        if stream is None:
+            return
+        while chunk := await stream.read(65536):
+            self.feed(chunk)
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.buffer.write(chunk)
+                sys.stderr.buffer.flush()
+
+    def text(self) -> str:
+        data = bytes(self.buf)
+        if self.truncated:  # the cut may have split a UTF-8 character: drop its continuation bytes
+            data = data.lstrip(bytes(range(0x80, 0xC0)))
+        return data.decode(errors="replace")
+
+
 class JobRun:
     """One claimed job: runs its commands, reports, heartbeats, obeys cancellation."""
 
@@ -85,6 +133,8 @@ class JobRun:
         self.commands: list[str] = [c["command"] for c in job["commands"]]
         self.parallel: bool = bool(job.get("parallel"))
         self.fail_fast: bool = bool(job.get("fail_fast"))
+        timeout = job.get("command_timeout_seconds")
+        self.command_timeout: float | None = float(timeout) if timeout is not None else None
         self.stop = asyncio.Event()
         self.why: str | None = None  # "cancel", "lost", "interrupted"
         self.killed_exit: int | None = None
@@ -153,33 +203,52 @@ class JobRun:
         # Its own session, so a cancel can kill the whole process group (the shell
         # and whatever it started), not just the shell.
         proc = await asyncio.create_subprocess_shell(
-            cmd, start_new_session=True, stdin=asyncio.subprocess.DEVNULL, env=command_env()
+            cmd,
+            start_new_session=True,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=command_env(),
         )
+        tail = OutputTail(self.runner.output_tail_bytes)
+        reader = asyncio.ensure_future(tail.drain(proc.stdout))
         waiter = asyncio.ensure_future(proc.wait())
         stopper = asyncio.ensure_future(self.stop.wait())
+        timed_out = False
         try:
-            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {waiter, stopper}, timeout=self.command_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
             if not waiter.done():
+                timed_out = not self.stop.is_set()
                 await _kill_group(proc, waiter)
-                self.killed_exit = proc.returncode
-                _log(f"killed {cmd!r} ({self.why})")
-                return None
+                if not timed_out:
+                    self.killed_exit = proc.returncode
+                    _log(f"killed {cmd!r} ({self.why})")
+                    return None
+                _log(f"killed {cmd!r}: still running after {self.command_timeout:g}s")
         finally:
             stopper.cancel()
             if not waiter.done():  # we are being cancelled ourselves
                 await _kill_group(proc, waiter)
-        code = proc.returncode if proc.returncode is not None else -1
+            # A background child may hold the pipe open after the shell exited: read on briefly.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(reader, 1.0)
+        code = TIMEOUT_EXIT_CODE if timed_out else proc.returncode if proc.returncode is not None else -1
         duration = round(time.monotonic() - t0, 3)
         _log(f"exit {code} in {duration:.2f}s: {cmd}")
-        await self.report(
-            {
-                "event": "command_completed",
-                "command": cmd,
-                "index": index,
-                "exit_code": code,
-                "duration": duration,
-            }
-        )
+        completed: dict[str, Any] = {
+            "event": "command_completed",
+            "command": cmd,
+            "index": index,
+            "exit_code": code,
+            "duration": duration,
+        }
+        if self.runner.output_tail_bytes:
+            completed.update(output=tail.text(), output_truncated=tail.truncated)
+        if timed_out:
+            completed["timed_out"] = True
+        await self.report(completed)
         return code
 
     async def run(self) -> None:
@@ -295,6 +364,7 @@ class Runner:
         self.heartbeat: float = args.heartbeat_seconds
         self.cancel_poll: float = args.cancel_poll_seconds
         self.poll: float = args.poll_seconds
+        self.output_tail_bytes: int = args.output_tail_bytes
         self.projects: list[str] | None = args.projects
         self.interrupted = asyncio.Event()
         self.current: JobRun | None = None

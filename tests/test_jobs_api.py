@@ -297,6 +297,10 @@ async def test_a_jobs_times_are_the_logs_timestamps_and_it_ages_by_the_database_
         {"commands": ["true"], "project": ""},
         {"commands": ["true"], "job_id": "has space"},
         {"commands": ["true"], "parallel": "yes"},
+        {"commands": ["true"], "command_timeout_seconds": 0},
+        {"commands": ["true"], "command_timeout_seconds": -5},
+        {"commands": ["true"], "command_timeout_seconds": "soon"},
+        {"commands": ["true"], "command_timeout_seconds": 7 * 24 * 3600 + 1},
     ],
 )
 async def test_invalid_jobs_are_400_and_write_nothing(
@@ -325,6 +329,11 @@ async def test_invalid_jobs_are_400_and_write_nothing(
         {"event": "command_completed", "command": "a", "exit_code": 0, "duration": -1},
         {"event": "heartbeat", "exit_code": 1},
         {"event": "heartbeat", "surprise": 1},
+        {"event": "heartbeat", "output": "x"},
+        {"event": "finish", "status": "completed", "timed_out": True},
+        {"event": "command_completed", "command": "a", "exit_code": 0, "duration": 1, "timed_out": True},
+        {"event": "command_completed", "command": "a", "exit_code": 1, "duration": 1, "output": "x" * 16385},
+        {"event": "command_completed", "command": "a", "exit_code": 1, "duration": 1, "timed_out": "yes"},
         {"event": "error"},
         {"event": "finish"},
         {"event": "finish", "status": "exploded"},
@@ -384,9 +393,9 @@ async def test_roles(harness: AppHarness) -> None:
     reader = await harness.client("reader")
     runner = await harness.client("worker", node="n1")
     assert (await reader.post("/jobs", {"commands": ["true"]})).status_code == 403
-    assert (await runner.post("/jobs", {"commands": ["true"]})).status_code == 403
     jid = await _new_job(producer, ["true"])
     assert (await reader.post(f"/jobs/{jid}/cancel")).status_code == 403
+    assert (await runner.post(f"/jobs/{jid}/cancel")).status_code == 403  # starting one is not cancelling
     assert (await producer.post("/jobs/claim", {})).status_code == 403
     assert (await reader.ok(await reader.get(f"/jobs/{jid}")))["job_id"] == jid
     listed = await reader.ok(await reader.get("/jobs", params={"state": "pending"}))
@@ -440,3 +449,49 @@ async def test_cancelling_job_whose_runner_vanished_ends_cancelled(harness: AppH
         assert time.monotonic() < deadline
         await asyncio.sleep(0.1)
     assert st["state"] == "cancelled" and "stopped heartbeating" in st["error"]
+
+
+async def test_a_worker_may_start_a_job_and_the_job_records_who_did(
+    harness: AppHarness, pool: asyncpg.Pool
+) -> None:
+    # seed 001: a checker starts its own asynchronous verification run
+    checker = await harness.client("worker", node="check-node", name="checker-7")
+    created = await checker.ok(await checker.post("/jobs", {"commands": ["pytest -q"], "project": "p"}), 201)
+    assert created["state"] == "pending"
+    assert created["created_by"] == {"name": "checker-7", "role": "worker", "node": "check-node"}
+    producer = await harness.client("producer", name="orchestrator")
+    by_producer = await _new_job(producer, ["true"])
+    seen = await producer.ok(await producer.get(f"/jobs/{by_producer}"))
+    assert seen["created_by"] == {"name": "orchestrator", "role": "producer", "node": None}
+    evs = (await checker.ok(await checker.get(f"/jobs/{created['job_id']}/events")))["events"]
+    assert evs[0]["data"]["created_by"] == created["created_by"]
+    assert evs[0]["meta"]["actor"] == "checker-7" and evs[0]["meta"]["role"] == "worker"
+    await _assert_view_is_fold_of_log(pool, created["job_id"])
+
+
+async def test_command_output_and_timeout_reach_the_event_and_the_view(
+    harness: AppHarness, pool: asyncpg.Pool
+) -> None:
+    producer = await harness.client("producer")
+    runner = await harness.client("worker", node="n1")
+    jid = await _new_job(producer, ["make test", "sleep 999", "true"], command_timeout_seconds=1.5, fail_fast=True)
+    claimed = await runner.ok(await runner.post("/jobs/claim", {}), 200)
+    assert claimed["job_id"] == jid and claimed["command_timeout_seconds"] == 1.5
+    rep = _reporter(runner, jid)
+    await rep({"event": "command_completed", "command": "make test", "exit_code": 0, "duration": 0.2,
+               "output": "ok: 12 passed\n", "output_truncated": False})
+    st = await rep({"event": "command_completed", "command": "sleep 999", "exit_code": 124, "duration": 1.5,
+                    "output": "", "timed_out": True})
+    assert [(c["state"], c["exit_code"], c["output"], c["timed_out"]) for c in st["commands"]] == [
+        ("succeeded", 0, "ok: 12 passed\n", False),
+        ("failed", 124, "", True),
+        ("pending", None, None, False),
+    ]
+    await rep({"event": "command_skipped", "command": "true", "reason": "fail_fast"})
+    end = await rep({"event": "finish", "status": "failed", "exit_code": 124})
+    assert end["result"]["timed_out_commands"] == ["sleep 999"] and end["exit_code"] == 124
+    done = [e["data"] for e in (await producer.ok(await producer.get(f"/jobs/{jid}/events")))["events"]
+            if e["type"] == "job.command_completed"]
+    assert done[0]["output"] == "ok: 12 passed\n" and done[0]["timed_out"] is False
+    assert done[1]["timed_out"] is True and done[1]["exit_code"] == 124
+    await _assert_view_is_fold_of_log(pool, jid)

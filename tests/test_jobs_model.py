@@ -254,6 +254,8 @@ def test_payloads_recorded_with_only_the_required_fields_still_decode() -> None:
     ]
     s = job_state.fold(job_events.decode(t, d) for t, d in stored)
     assert s is not None and s.state == "completed" and job_state.progress(s) == 100.0
+    assert s.command_timeout_seconds is None and s.created_by is None
+    assert s.commands[0] == job_state.CommandRun(command="a", state="succeeded", exit_code=0, duration=1.5)
     for t in ("job.failed", "job.cancelled"):
         assert job_events.decode(t, b"{}").at == 0.0  # type: ignore[union-attr]
     with pytest.raises(msgspec.ValidationError):
@@ -476,10 +478,11 @@ def test_status_is_exactly_the_view_of_the_state() -> None:
         "job_id": "J", "state": "running", "stage": "init", "progress": 0.0, "elapsed_sec": 4.0, "eta_sec": None,
         "current_command": "a", "total_commands": 2, "completed_commands": 0, "failed_commands": 0,
         "result": None, "cancel_requested": False, "project": "p", "parallel": False, "fail_fast": False,
-        "labels": [], "commands": [{"command": "a", "state": "running", "exit_code": None, "duration": None,
-                                    "reason": None},
-                                   {"command": "b", "state": "pending", "exit_code": None, "duration": None,
-                                    "reason": None}],
+        "labels": [], "command_timeout_seconds": None, "created_by": None,
+        "commands": [{"command": "a", "state": "running", "exit_code": None, "duration": None,
+                      "reason": None, "output": None, "output_truncated": False, "timed_out": False},
+                     {"command": "b", "state": "pending", "exit_code": None, "duration": None,
+                      "reason": None, "output": None, "output_truncated": False, "timed_out": False}],
         "node": "n1", "worker": "w1", "lease_id": "L", "attempt": 1, "error": None, "errors": [],
         "exit_code": None, "created_at": "2023-11-14T22:13:20.000000Z",
         "started_at": "2023-11-14T22:13:30.000000Z", "ended_at": None, "version": 0, "seq": 0,
@@ -490,3 +493,57 @@ def test_status_is_exactly_the_view_of_the_state() -> None:
     assert job_state.iso(1.5) == "1970-01-01T00:00:01.500000Z"
     assert job_state.rounded(1.234567) == 1.23 and job_state.rounded(1.235, 1) == 1.2
     assert job_state.rounded(-0.0) == 0.0 and str(job_state.rounded(-0.0)) == "0.0"
+
+
+# ------------------------------------------------- output tail, command timeout, who started it
+
+
+def test_a_completed_command_keeps_its_output_tail_in_the_event_and_the_view() -> None:
+    s = _running(["a", "b"])
+    evs = _decide(s, 12, event="command_completed", command="a", exit_code=2, duration=1.0,
+                  output="...last lines\nerror: boom\n", output_truncated=True)
+    assert evs == [job_events.JobCommandCompleted(command="a", exit_code=2, duration=1.0, index=0,
+                                                  output="...last lines\nerror: boom\n", output_truncated=True)]
+    again = job_events.decode("job.command_completed", msgspec.json.encode(job_events.payload(evs[0])))
+    assert again == evs[0]
+    st = job_state.status(_apply(s, evs), at(13))
+    assert st["commands"][0] == {
+        "command": "a", "state": "failed", "exit_code": 2, "duration": 1.0, "reason": None,
+        "output": "...last lines\nerror: boom\n", "output_truncated": True, "timed_out": False,
+    }
+    assert st["commands"][1]["output"] is None
+
+
+def test_a_timed_out_command_fails_like_a_non_zero_exit_and_is_named_in_the_result() -> None:
+    s = _created(["sleep 99", "b"], command_timeout_seconds=2.5)
+    assert s.command_timeout_seconds == 2.5
+    claim = job_rules.Claim(holder=msgspec.structs.replace(HOLDER, lease_id="L"), lease_seconds=60)
+    s = _apply(s, job_rules.decide_claim(s, claim, at(10)))
+    evs = _decide(s, 13, event="command_completed", command="sleep 99", exit_code=124, duration=2.5,
+                  timed_out=True, output="")
+    assert evs[0] == job_events.JobCommandCompleted(command="sleep 99", exit_code=124, duration=2.5, index=0,
+                                                    output="", timed_out=True)
+    s = _apply(s, evs)
+    assert s.commands[0].state == "failed" and s.commands[0].timed_out and s.failed_commands == 1
+    s = _report(s, at(14), event="command_skipped", command="b", reason="fail_fast")
+    s = _report(s, at(15), event="finish", status="failed", exit_code=124)
+    assert s.result == {"status": "failed", "exit_code": 124, "completed_commands": 2,
+                        "failed_commands": ["sleep 99"], "timed_out_commands": ["sleep 99"]}
+
+
+def test_a_timed_out_command_cannot_have_exited_0_and_the_timeout_must_be_positive() -> None:
+    s = _running(["a"])
+    with pytest.raises(ValidationFailed, match="timed out cannot exit 0"):
+        _decide(s, 12, event="command_completed", command="a", exit_code=0, duration=1.0, timed_out=True)
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValidationFailed, match="command_timeout_seconds"):
+            job_rules.decide_create(job_rules.CreateJob(job_id="J", commands=["a"], command_timeout_seconds=bad), T0)
+
+
+def test_the_job_records_who_started_it() -> None:
+    who = job_events.Actor(name="checker-1", role="worker", node="n2")
+    s = _created(["a"], created_by=who)
+    assert s.created_by == who
+    assert job_state.status(s, T0)["created_by"] == {"name": "checker-1", "role": "worker", "node": "n2"}
+    created = job_rules.decide_create(job_rules.CreateJob(job_id="J", commands=["a"], created_by=who), T0)[0]
+    assert job_events.decode("job.created", msgspec.json.encode(job_events.payload(created))) == created

@@ -281,3 +281,71 @@ def test_job_watch_draws_progress_and_ends_with_the_result(
         check=False,
     )
     assert r.returncode == 2 and "not exist" in r.stdout
+
+
+def test_the_runner_reports_the_tail_of_each_commands_output(
+    server: ServerProcess, producer: Api, tmp_path: Path
+) -> None:
+    jid = producer.create(
+        [
+            "echo to-stdout; echo to-stderr >&2; exit 5",
+            "for i in $(seq 1 2000); do echo line-$i; done",
+            "true",
+        ]
+    )
+    r = RunnerProcess(
+        server,
+        server.token("worker", node="tail-node"),
+        "--poll-seconds",
+        "0.1",
+        "--output-tail-bytes",
+        "64",
+        log=tmp_path / "tail.log",
+    )
+    try:
+        st = producer.wait_for(jid, lambda s: s["state"] in TERMINAL)
+    finally:
+        r.stop()
+    first, second, third = st["commands"]
+    assert first["output"] == "to-stdout\nto-stderr\n" and first["output_truncated"] is False, st
+    assert first["exit_code"] == 5 and first["timed_out"] is False
+    assert second["output_truncated"] is True and second["output"].endswith("line-1999\nline-2000\n")
+    assert len(second["output"].encode()) <= 64 and "line-1\n" not in second["output"]
+    assert third["output"] == "" and third["output_truncated"] is False
+    done = [e["data"] for e in producer.events(jid) if e["type"] == "job.command_completed"]
+    assert [d["output"] for d in done] == [first["output"], second["output"], third["output"]]
+    assert "to-stderr" in r.output()  # still copied to the runner's own log
+
+
+def test_the_runner_kills_a_command_past_its_timeout_and_fails_fast(
+    producer: Api, runner: RunnerProcess, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    marker = tmp_path / "never"
+    jid = producer.create(
+        [f"echo started; echo $$ > {pidfile}; exec sleep 60", f"touch {marker}"],
+        command_timeout_seconds=1,
+        fail_fast=True,
+    )
+    t0 = time.monotonic()
+    st = producer.wait_for(jid, lambda s: s["state"] in TERMINAL)
+    assert time.monotonic() - t0 < 15, st
+    assert st["state"] == "failed" and st["exit_code"] == 124, (st, runner.output())
+    first, second = st["commands"]
+    assert first["timed_out"] is True and first["exit_code"] == 124 and first["state"] == "failed"
+    assert first["output"] == "started\n" and 1 <= first["duration"] < 10
+    assert second["state"] == "skipped" and not marker.exists()
+    assert st["result"]["timed_out_commands"] == [first["command"]]
+    assert not _alive(int(pidfile.read_text()))
+    done = next(e["data"] for e in producer.events(jid) if e["type"] == "job.command_completed")
+    assert done["timed_out"] is True and done["exit_code"] == 124
+
+
+def test_without_fail_fast_the_commands_after_a_timeout_still_run(
+    producer: Api, runner: RunnerProcess, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    jid = producer.create(["sleep 60", f"touch {marker}"], command_timeout_seconds=0.5)
+    st = producer.wait_for(jid, lambda s: s["state"] in TERMINAL)
+    assert st["state"] == "failed" and marker.exists(), (st, runner.output())
+    assert [(c["state"], c["timed_out"]) for c in st["commands"]] == [("failed", True), ("succeeded", False)]

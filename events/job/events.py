@@ -16,6 +16,14 @@ class JobEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of the job's facts. Tags are the stored `type`: never change one."""
 
 
+class Actor(msgspec.Struct, frozen=True, kw_only=True):
+    """Who asked for something: the token's name, role and node."""
+
+    name: str
+    role: str
+    node: str | None = None
+
+
 class JobCreated(JobEvent, tag="job.created", frozen=True, kw_only=True):
     job_id: str
     commands: list[str]
@@ -24,6 +32,10 @@ class JobCreated(JobEvent, tag="job.created", frozen=True, kw_only=True):
     fail_fast: bool = False
     labels: list[str] = []
     at: float = 0.0
+    # A runner kills a command that runs longer than this (None: no limit).
+    command_timeout_seconds: float | None = None
+    # Who started the job (None in jobs recorded before it was kept here; meta has it too).
+    created_by: Actor | None = None
 
 
 class JobStarted(JobEvent, tag="job.started", frozen=True, kw_only=True):
@@ -54,6 +66,12 @@ class JobCommandCompleted(JobEvent, tag="job.command_completed", frozen=True, kw
     exit_code: int
     duration: float
     index: int
+    # The tail of what the command wrote (stdout and stderr, interleaved), as the runner kept it.
+    output: str | None = None
+    # True when `output` is only the end of a longer output.
+    output_truncated: bool = False
+    # The runner killed the command after the job's command_timeout_seconds.
+    timed_out: bool = False
 
 
 class JobCacheHit(JobEvent, tag="job.cache_hit", frozen=True, kw_only=True):

@@ -13,6 +13,7 @@ import msgspec
 
 from events.errors import InvalidTransition, JobAlreadyCancelled, ValidationFailed
 from events.job.events import (
+    Actor,
     AnyJobEvent,
     JobCacheHit,
     JobCancelled,
@@ -41,6 +42,8 @@ class CreateJob(msgspec.Struct, frozen=True, kw_only=True):
     parallel: bool = False
     fail_fast: bool = False
     labels: list[str] = []
+    command_timeout_seconds: float | None = None
+    created_by: Actor | None = None
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,6 +77,9 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     status: FinishStatus | None = None
     result: Any = None
+    output: str | None = None
+    output_truncated: bool = False
+    timed_out: bool = False
 
 
 def decide_create(cmd: CreateJob, now: datetime) -> list[AnyJobEvent]:
@@ -82,6 +88,8 @@ def decide_create(cmd: CreateJob, now: datetime) -> list[AnyJobEvent]:
     for c in cmd.commands:
         if not c.strip():
             raise ValidationFailed("commands: a command may not be blank")
+    if cmd.command_timeout_seconds is not None and not cmd.command_timeout_seconds > 0:
+        raise ValidationFailed("command_timeout_seconds: must be more than 0")
     return [
         JobCreated(
             job_id=cmd.job_id,
@@ -91,6 +99,8 @@ def decide_create(cmd: CreateJob, now: datetime) -> list[AnyJobEvent]:
             fail_fast=cmd.fail_fast,
             labels=list(cmd.labels),
             at=epoch(now),
+            command_timeout_seconds=cmd.command_timeout_seconds,
+            created_by=cmd.created_by,
         )
     ]
 
@@ -197,11 +207,19 @@ def decide_report(state: JobState, who: Holder, r: Report, now: datetime) -> lis
                 raise ValidationFailed("command_completed: exit_code is required")
             if r.duration is None:
                 raise ValidationFailed("command_completed: duration is required")
+            if r.timed_out and r.exit_code == 0:
+                raise ValidationFailed("command_completed: a command that timed out cannot exit 0")
             # A runner that never said it started the command may still report its end.
             i = _resolve_index(state, r, frozenset({"running", "pending"}))
             return [
                 JobCommandCompleted(
-                    command=state.commands[i].command, exit_code=r.exit_code, duration=r.duration, index=i
+                    command=state.commands[i].command,
+                    exit_code=r.exit_code,
+                    duration=r.duration,
+                    index=i,
+                    output=r.output,
+                    output_truncated=r.output_truncated,
+                    timed_out=r.timed_out,
                 )
             ]
         case "cache_hit":

@@ -25,6 +25,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from events.job.events import (
+    Actor,
     AnyJobEvent,
     JobCacheHit,
     JobCancelled,
@@ -69,6 +70,9 @@ class CommandRun(msgspec.Struct, frozen=True, kw_only=True):
     exit_code: int | None = None
     duration: float | None = None
     reason: str | None = None
+    output: str | None = None
+    output_truncated: bool = False
+    timed_out: bool = False
 
 
 class JobState(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,6 +84,8 @@ class JobState(msgspec.Struct, frozen=True, kw_only=True):
     parallel: bool = False
     fail_fast: bool = False
     labels: tuple[str, ...] = ()
+    command_timeout_seconds: float | None = None
+    created_by: Actor | None = None
     current_command: str | None = None
     completed_commands: int = 0
     failed_commands: int = 0
@@ -150,6 +156,9 @@ def _summary(state: JobState, status: str, exit_code: int | None, output: Any) -
         "completed_commands": state.completed_commands,
         "failed_commands": [c.command for c in state.commands if c.state == "failed"],
     }
+    timed_out = [c.command for c in state.commands if c.timed_out]
+    if timed_out:
+        out["timed_out_commands"] = timed_out
     if output is not None:
         out["output"] = output
     return out
@@ -186,6 +195,8 @@ def evolve(state: JobState | None, event: AnyJobEvent) -> JobState:
                     parallel=event.parallel,
                     fail_fast=event.fail_fast,
                     labels=tuple(event.labels),
+                    command_timeout_seconds=event.command_timeout_seconds,
+                    created_by=event.created_by,
                     created_at=event.at,
                 )
             case _:
@@ -217,9 +228,12 @@ def evolve(state: JobState | None, event: AnyJobEvent) -> JobState:
                 return state
             run = CommandRun(
                 command=state.commands[event.index].command,
-                state="succeeded" if event.exit_code == 0 else "failed",
+                state="succeeded" if event.exit_code == 0 and not event.timed_out else "failed",
                 exit_code=event.exit_code,
                 duration=event.duration,
+                output=event.output,
+                output_truncated=event.output_truncated,
+                timed_out=event.timed_out,
             )
             return _with_commands(
                 state, _replace_command(state.commands, event.index, run), state.current_command
@@ -342,6 +356,8 @@ def status(state: JobState, now: datetime) -> dict[str, Any]:
         "parallel": state.parallel,
         "fail_fast": state.fail_fast,
         "labels": list(state.labels),
+        "command_timeout_seconds": state.command_timeout_seconds,
+        "created_by": msgspec.to_builtins(state.created_by),
         "commands": [msgspec.to_builtins(c) for c in state.commands],
         "node": state.node,
         "worker": state.worker,

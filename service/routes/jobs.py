@@ -16,6 +16,7 @@ from litestar import Controller, Litestar, Request, Response, get, post
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from events.errors import JobNotFound, ValidationFailed
+from events.job import events as job_events
 from events.job import rules as job_rules
 from events.job import state as job_state
 from events.store import EVENT_ROW_SQL, event_json
@@ -32,6 +33,9 @@ MAX_COMMANDS: Final = 1000
 MAX_COMMAND_CHARS: Final = 8192
 WAIT_POLL_SECONDS: Final = 0.1
 WAIT_MAX_SECONDS: Final = 300.0
+# The most of a command's output a report may carry: runners keep a tail (4 KiB by default).
+MAX_OUTPUT_CHARS: Final = 16384
+MAX_COMMAND_TIMEOUT_SECONDS: Final = 7 * 24 * 3600.0
 
 Project = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/-]+$")]
 CommandText = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_COMMAND_CHARS)]
@@ -47,6 +51,10 @@ class CreateJobRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     parallel: bool = False
     fail_fast: bool = False
     labels: Annotated[list[Label], msgspec.Meta(max_length=32)] = []
+    # A runner kills a command still running after this many seconds and reports it timed out.
+    command_timeout_seconds: (
+        Annotated[float, msgspec.Meta(gt=0, le=MAX_COMMAND_TIMEOUT_SECONDS)] | None
+    ) = None
 
 
 class ClaimRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -75,6 +83,10 @@ class ReportRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     error: Annotated[str, msgspec.Meta(min_length=1, max_length=16000)] | None = None
     status: Literal["completed", "failed", "cancelled"] | None = None
     result: Any = None
+    # command_completed: the tail of the command's output, and whether it was killed for its timeout.
+    output: Annotated[str, msgspec.Meta(max_length=MAX_OUTPUT_CHARS)] | None = None
+    output_truncated: bool | None = None
+    timed_out: bool | None = None
     # Sent by runners for their own display; the service measures time itself.
     elapsed_sec: Annotated[float, msgspec.Meta(ge=0)] | None = None
     eta_sec: Annotated[float, msgspec.Meta(ge=0)] | None = None
@@ -85,7 +97,9 @@ class ReportRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 _REPORT_FIELDS: Final[dict[str, frozenset[str]]] = {
     "stage": frozenset({"stage"}),
     "command_started": frozenset({"command", "index", "total"}),
-    "command_completed": frozenset({"command", "index", "total", "exit_code", "duration"}),
+    "command_completed": frozenset(
+        {"command", "index", "total", "exit_code", "duration", "output", "output_truncated", "timed_out"}
+    ),
     "cache_hit": frozenset({"command", "index", "total"}),
     "command_skipped": frozenset({"command", "index", "total", "reason"}),
     "heartbeat": frozenset({"elapsed_sec", "eta_sec", "state"}),
@@ -112,6 +126,9 @@ def _to_report(data: ReportRequest) -> job_rules.Report:
         error=data.error,
         status=data.status,
         result=data.result,
+        output=data.output,
+        output_truncated=bool(data.output_truncated),
+        timed_out=bool(data.timed_out),
     )
 
 
@@ -138,7 +155,8 @@ class JobController(Controller):
     guards = [known_query_only]
     tags = ["jobs"]
 
-    @post("/", operation_id="createJob", guards=[requires("producer")], status_code=201)
+    # A worker may start a job too: a checker starts its own verification run (seed 001).
+    @post("/", operation_id="createJob", guards=[requires("producer", "worker")], status_code=201)
     async def create(
         self,
         request: Request[Any, Any, Any],
@@ -156,6 +174,8 @@ class JobController(Controller):
             parallel=data.parallel,
             fail_fast=data.fail_fast,
             labels=list(data.labels),
+            command_timeout_seconds=data.command_timeout_seconds,
+            created_by=job_events.Actor(name=ctx.principal.name, role=ctx.principal.role, node=ctx.principal.node),
         )
         result = await run(request, ctx, job_commands.create(ctx, cmd), status=201)
         if not wait:
