@@ -153,11 +153,13 @@ def events(*, since_seq: int = 0, limit: int = 1000, types: list[str] | None = N
 
 
 def create_job(commands: list[str], *, project: str | None = None, job_id: str | None = None,
-               parallel: bool = False, fail_fast: bool = False, labels: list[str] | None = None) -> Call[Job]:
-    """Start an asynchronous verification job; a runner runs its commands (producer)."""
+               parallel: bool = False, fail_fast: bool = False, labels: list[str] | None = None,
+               command_timeout_seconds: float | None = None) -> Call[Job]:
+    """Start an asynchronous verification job; a runner runs its commands, killing any past
+    `command_timeout_seconds` (producer, or a worker starting its own verification run)."""
     return Call("POST", "/jobs", Job, body=CreateJob(
         commands=list(commands), project=project, job_id=job_id, parallel=parallel, fail_fast=fail_fast,
-        labels=list(labels or [])))
+        labels=list(labels or []), command_timeout_seconds=command_timeout_seconds))
 
 
 def get_job(job_id: str) -> Call[Job]:

@@ -148,6 +148,7 @@ class CreateJob(_Request):
     parallel: bool = False
     fail_fast: bool = False
     labels: list[str] = []
+    command_timeout_seconds: float | None = None
 
 
 class CreateToken(_Request):

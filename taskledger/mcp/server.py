@@ -265,9 +265,12 @@ def build_server(api: AsyncClient) -> MCPServer[Any]:
         parallel: bool = False,
         fail_fast: bool = False,
         labels: list[str] | None = None,
+        command_timeout_seconds: Annotated[float | None, Field(
+            gt=0, description="Kill a command still running after this many seconds (it then counts as failed)."
+        )] = None,
     ) -> dict[str, Any]:
         return _view(await _call(api.create_job(commands, project=project, parallel=parallel, fail_fast=fail_fast,
-                                                labels=labels)))
+                                                labels=labels, command_timeout_seconds=command_timeout_seconds)))
 
     @server.tool(description=(
         "A job's status: state (pending, running, cancelling, completed, failed, cancelled), stage, progress "
