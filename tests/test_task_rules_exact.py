@@ -14,23 +14,60 @@ import pytest
 from events.errors import AlreadyExists, DomainError, InvalidTransition, LeaseMismatch, ValidationFailed
 from events.lease import Holder
 from events.task.events import (
+    CheckerReport,
     Requirement,
     RequirementVerdict,
+    TaskBlocked,
+    TaskCancelled,
     TaskClaimed,
+    TaskClosed,
     TaskCompleted,
     TaskCreated,
     TaskDeadlettered,
     TaskEscalated,
     TaskFailed,
+    TaskRejected,
     TaskRetryScheduled,
+    TaskReverifyScheduled,
+    TaskRoundReopened,
+    TaskRoundReview,
+    TaskRoundReviewed,
     TaskStarted,
     TaskSubtaskAdded,
+    TaskUnblocked,
+    TaskVerdict,
+    TaskVerified,
     TaskVerifying,
     Unmet,
+    VerdictRecord,
     Verification,
 )
-from events.task.panel import Verdict, decide_complete, decide_unblock, decide_verifier_complete, validate_verdict
-from events.task.rounds import Review, decide_round_review, validate_review
+from events.task.panel import (
+    Verdict,
+    decide_complete,
+    decide_unblock,
+    decide_verifier_complete,
+    synthesized_blocked_verdict,
+    validate_verdict,
+    verifier_ids,
+)
+from events.task.reactions import (
+    Around,
+    cancelled_task_cancels_its_open_verifiers_and_subtasks,
+    children_of,
+    dead_verifier_counts_as_blocked_infrastructure,
+    last_terminal_subtask_opens_the_review,
+    reopened_subtask_reopens_its_round,
+)
+from events.task.rounds import (
+    Review,
+    decide_round_check,
+    decide_round_reopen,
+    decide_round_review,
+    in_round,
+    round_outcome,
+    validate_review,
+)
 from events.task.rules import (
     Claim,
     NewTask,
@@ -49,7 +86,7 @@ from events.task.rules import (
     validate_new_task,
 )
 from events.task.state import TaskState
-from tests.task_world import AT, NOW, World, holder_of
+from tests.task_world import AT, NOW, World, holder_of, panel
 
 
 @contextmanager
@@ -500,3 +537,281 @@ def test_a_review_is_refused_outside_round_review_and_over_open_or_taken_sub_tas
     again = Review(decision="NEW_ROUND", new_subtasks=[_new("S1"), _new("S3"), _new("S2")], **ANSWERS)
     with refused(AlreadyExists, "tasks already exist: S1, S2"):
         decide_round_review(p, again, list(w.states.values()), existing_ids={"S1", "S2", "P"}, default_escalation=1)
+
+
+# ------------------------------------------------------------ the panel decides: whole events
+
+
+def _half_judged(max_attempts: int = 3, retry_predecessor: bool = True,
+                 first: tuple[str, str | None] = ("PASS", None)) -> tuple[World, TaskState, Holder]:
+    """Checker a has reported `first`; checker b's verifier runs, held by cb on n3."""
+    w = World()
+    w.new(**panel(["a", "b"]), requirements=[Requirement(id="R1"), Requirement(id="R2")],
+          max_attempts=max_attempts, retry_predecessor=retry_predecessor)
+    w.make()
+    va, vb = w.states["T1"].verifier_task_ids
+    outcome, category = first
+    w.check(va, outcome, category, verdicts=[_rv("R1", "FAIL" if outcome == "FAIL" else "PASS", "r1 says a"),
+                                             _rv("R2")] if outcome != "BLOCKED" else [])
+    v = w.claim(vb, "cb", "n3")
+    w.run([(vb, decide_start(v, holder_of(v)))])
+    return w, w.states[vb], holder_of(v)
+
+
+def _verdict(outcome: str, verdicts: list[RequirementVerdict], category: str | None = None,
+             reason: str = "") -> TaskVerdict:
+    return TaskVerdict(checker="b", verifier_task_id="V-T1-a1-b", outcome=outcome, verdicts=verdicts,  # type: ignore[arg-type]
+                       category=category, attempt=1, node="n3", worker="cb", reason=reason,  # type: ignore[arg-type]
+                       token_id="tok-cb@n3")
+
+
+def _completed(outcome: str, verdicts: list[RequirementVerdict], category: str | None = None,
+               reason: str = "", result: Any = None) -> TaskCompleted:
+    return TaskCompleted(worker="cb", node="n3", attempt=1, result=result, outcome=outcome,  # type: ignore[arg-type]
+                         verdicts=verdicts, category=category, reason=reason)  # type: ignore[arg-type]
+
+
+A_PASS = CheckerReport(checker="a", outcome="PASS", reason="R1 PASS: r1 says a")
+
+
+def test_the_first_verdict_of_a_panel_lands_on_the_maker_and_waits_for_the_others() -> None:
+    w = World()
+    w.new(**panel(["a", "b"]))
+    w.make()
+    va, _ = w.states["T1"].verifier_task_ids
+    v = w.claim(va, "ca", "n2")
+    w.run([(va, decide_start(v, holder_of(v)))])
+    v = w.states[va]
+    ok = [_rv("R1")]
+    assert decide_verifier_complete(v, w.states["T1"], holder_of(v), Verdict(outcome="PASS", verdicts=ok,
+                                                                            reason="fine", result=3)) == [
+        (va, [TaskCompleted(worker="ca", node="n2", attempt=1, result=3, outcome="PASS", verdicts=ok,
+                            reason="fine")]),
+        ("T1", [TaskVerdict(checker="a", verifier_task_id=va, outcome="PASS", verdicts=ok, attempt=1, node="n2",
+                            worker="ca", reason="fine", token_id=v.token_id)])]
+
+
+def test_every_pass_verifies_naming_every_checker() -> None:
+    w, v, h = _half_judged()
+    ok = [_rv("R1"), _rv("R2")]
+    assert decide_verifier_complete(v, w.states["T1"], h, Verdict(outcome="PASS", verdicts=ok)) == [
+        ("V-T1-a1-b", [_completed("PASS", ok)]),
+        ("T1", [_verdict("PASS", ok), TaskVerified(attempt=1, checkers=["a", "b"])])]
+
+
+def test_a_fail_rejects_and_retries_with_every_unmet_requirement() -> None:
+    w, v, h = _half_judged(first=("FAIL", None))
+    bad = [_rv("R1", "FAIL", "still broken"), _rv("R2", "FAIL")]
+    missing = [Unmet(requirement_id="R1", reason="r1 says a", checker="a"),
+               Unmet(requirement_id="R1", reason="still broken", checker="b"),
+               Unmet(requirement_id="R2", reason="", checker="b")]
+    assert decide_verifier_complete(v, w.states["T1"], h, Verdict(outcome="FAIL", verdicts=bad)) == [
+        ("V-T1-a1-b", [_completed("FAIL", bad)]),
+        ("T1", [_verdict("FAIL", bad), TaskRejected(attempt=1, unmet_requirements=missing, reason="a: FAIL, b: FAIL"),
+                TaskRetryScheduled(attempt=2, rework_notes=missing, reason="rejected")])]
+
+
+def test_a_blocked_code_rejects_with_the_checkers_reason_as_the_unmet_requirement() -> None:
+    w, v, h = _half_judged()
+    missing = [Unmet(requirement_id="-", reason="b reported BLOCKED/code: does not build", checker="b")]
+    out = decide_verifier_complete(v, w.states["T1"], h, Verdict(outcome="BLOCKED", category="code",
+                                                                 reason="does not build"))
+    assert out[1] == ("T1", [_verdict("BLOCKED", [], "code", "does not build"),
+                             TaskRejected(attempt=1, unmet_requirements=missing, reason="b: BLOCKED"),
+                             TaskRetryScheduled(attempt=2, rework_notes=missing, reason="rejected")])
+    out = decide_verifier_complete(v, w.states["T1"], h, Verdict(outcome="BLOCKED", category="code"))
+    assert out[1][1][1] == TaskRejected(attempt=1, reason="b: BLOCKED", unmet_requirements=[
+        Unmet(requirement_id="-", reason="b reported BLOCKED/code", checker="b")])
+
+
+def test_a_rejection_on_the_last_attempt_or_without_retries_blocks_with_every_checkers_word() -> None:
+    bad = [_rv("R2", "FAIL", "no")]
+    missing = [Unmet(requirement_id="R2", reason="no", checker="b")]
+    reports = [A_PASS, CheckerReport(checker="b", outcome="FAIL", reason="R2 FAIL: no")]
+    for kw, why in (({"max_attempts": 1}, "retries exhausted"),
+                    ({"retry_predecessor": False}, "rejected and retry_predecessor is false")):
+        w, v, h = _half_judged(**kw)  # type: ignore[arg-type]
+        assert decide_verifier_complete(v, w.states["T1"], h, Verdict(outcome="FAIL", verdicts=bad))[1] == ("T1", [
+            _verdict("FAIL", bad), TaskRejected(attempt=1, unmet_requirements=missing, reason="b: FAIL"),
+            TaskBlocked(blocker_id="B-T1-1", reason=why, unmet_requirements=missing, attempt=1, reports=reports)])
+
+
+def test_a_human_blocker_names_every_human_category_and_opens_the_next_blocker_id() -> None:
+    w, v, h = _half_judged(first=("BLOCKED", "info_missing"))
+    maker = msgspec.structs.replace(w.states["T1"], blockers_opened=2)
+    out = decide_verifier_complete(v, maker, h, Verdict(outcome="BLOCKED", category="environment", reason="db"))
+    assert out[1] == ("T1", [_verdict("BLOCKED", [], "environment", "db"), TaskBlocked(
+        blocker_id="B-T1-3", reason="checker reported BLOCKED/environment, BLOCKED/info_missing",
+        category="environment", attempt=1, reports=[
+            CheckerReport(checker="a", outcome="BLOCKED", category="info_missing"),
+            CheckerReport(checker="b", outcome="BLOCKED", category="environment", reason="db")])])
+
+
+def test_an_infrastructure_blocker_asks_that_checker_again_once_then_blocks() -> None:
+    w, v, h = _half_judged()
+    out = decide_verifier_complete(v, w.states["T1"], h, Verdict(outcome="BLOCKED", category="infrastructure"))
+    assert out[1:] == [
+        ("T1", [_verdict("BLOCKED", [], "infrastructure"),
+                TaskReverifyScheduled(attempt=1, verifier_task_ids=["V-T1-a1-b-r2"],
+                                      kept_verifier_task_ids=["V-T1-a1-a"],
+                                      reason="BLOCKED/infrastructure: verifying again")]),
+        ("V-T1-a1-b-r2", [TaskCreated(
+            id="V-T1-a1-b-r2", project="p", title="Verify (b): t", task_type="verify", parent_task_id="T1",
+            priority=0, estimated_minutes=10, requirements=[Requirement(id="R1"), Requirement(id="R2")],
+            verification=None, max_attempts=3, retry_predecessor=False, node_blacklist=["n1"],
+            escalate_after_seconds=60, checker="b", maker_attempt=1, maker_node="n1", maker_worker="maker")])]
+    again = msgspec.structs.replace(w.states["T1"], reverify_count=1)
+    assert decide_verifier_complete(v, again, h, Verdict(outcome="BLOCKED", category="infrastructure"))[1] == (
+        "T1", [_verdict("BLOCKED", [], "infrastructure"), TaskBlocked(
+            blocker_id="B-T1-1", reason="BLOCKED/infrastructure twice in a row", category="infrastructure",
+            attempt=1, reports=[A_PASS, CheckerReport(checker="b", outcome="BLOCKED", category="infrastructure")])])
+
+
+def test_a_verdict_for_another_panel_stays_on_the_verifier() -> None:
+    w, v, h = _half_judged()
+    ok = Verdict(outcome="PASS", verdicts=[_rv("R1"), _rv("R2")])
+    only_v = [("V-T1-a1-b", [_completed("PASS", [_rv("R1"), _rv("R2")])])]
+    assert decide_verifier_complete(v, None, h, ok) == only_v
+    assert decide_verifier_complete(v, msgspec.structs.replace(w.states["T1"], state="blocked"), h, ok) == only_v
+    assert decide_verifier_complete(v, msgspec.structs.replace(w.states["T1"], verifier_task_ids=["V-T1-a1-a"]),
+                                    h, ok) == only_v
+
+
+def test_a_dead_verifier_counts_once_and_only_for_its_own_panel() -> None:
+    w, v, _ = _half_judged()
+    maker = w.states["T1"]
+    dead = msgspec.structs.replace(v, state="deadletter")
+    assert synthesized_blocked_verdict(dead, maker)[0] == ("T1", [TaskVerdict(
+        checker="b", verifier_task_id="V-T1-a1-b", outcome="BLOCKED", category="infrastructure", attempt=1,
+        node="n3", worker="cb", synthesized=True, reason="verifier V-T1-a1-b is deadletter"),
+        TaskReverifyScheduled(attempt=1, verifier_task_ids=["V-T1-a1-b-r2"], kept_verifier_task_ids=["V-T1-a1-a"],
+                              reason="BLOCKED/infrastructure: verifying again")])
+    unnamed = msgspec.structs.replace(dead, checker=None)
+    assert synthesized_blocked_verdict(unnamed, maker)[0][1][0].checker == "verifier"  # type: ignore[attr-defined]
+    assert synthesized_blocked_verdict(dead, msgspec.structs.replace(maker, state="blocked")) == []
+    assert synthesized_blocked_verdict(dead, msgspec.structs.replace(maker, verifier_task_ids=["V-T1-a1-a"])) == []
+    judged = msgspec.structs.replace(maker, verdicts=[*maker.verdicts, VerdictRecord(
+        checker="b", verifier_task_id="V-T1-a1-b", outcome="PASS")])
+    assert synthesized_blocked_verdict(dead, judged) == []
+    assert dead_verifier_counts_as_blocked_infrastructure(dead, Around()) == []
+    assert dead_verifier_counts_as_blocked_infrastructure(dead, Around(parent=maker)) == \
+        synthesized_blocked_verdict(dead, maker)
+
+
+def test_verifier_ids_follow_the_contract_and_never_repeat() -> None:
+    s = TaskState(id="T", project="p", title="t")
+    assert verifier_ids(s, ["verifier"], 1) == ["V-T"]
+    assert verifier_ids(s, ["verifier"], 2) == ["V-T-a2-verifier"]
+    assert verifier_ids(s, ["a"], 1) == ["V-T-a1-a"]
+    assert verifier_ids(s, ["verifier", "a"], 1) == ["V-T-a1-verifier", "V-T-a1-a"]
+    used = msgspec.structs.replace(s, all_verifier_task_ids=["V-T", "V-T-a1-verifier", "V-T-a1-verifier-r2"])
+    assert verifier_ids(used, ["verifier"], 1) == ["V-T-a1-verifier-r3"]
+    assert verifier_ids(used, ["a", "a"], 1) == ["V-T-a1-a", "V-T-a1-a-r2"]
+
+
+def test_unblock_retry_and_reverify_whole_events() -> None:
+    w, v, h = _half_judged(first=("FAIL", None))
+    w.run(decide_verifier_complete(v, w.states["T1"], h, Verdict(outcome="BLOCKED", category="environment")))
+    s = w.states["T1"]
+    assert s.state == "blocked"
+    assert decide_unblock(s, "retry", "n") == [("T1", [TaskUnblocked(
+        blocker_id="B-T1-1", action="retry", notes="n", attempt=1,
+        rework_notes=[Unmet(requirement_id="R1", reason="r1 says a", checker="a")])])]
+    out = decide_unblock(msgspec.structs.replace(s, attempt=2), "reverify", "use k")
+    assert out[0] == ("T1", [TaskUnblocked(blocker_id="B-T1-1", action="reverify", notes="use k", attempt=2,
+                                           verifier_task_ids=["V-T1-a2-a", "V-T1-a2-b"])])
+    assert [(tid, e.checker, e.notes, e.maker_attempt) for tid, [e] in out[1:]] == [  # type: ignore[attr-defined]
+        ("V-T1-a2-a", "a", "use k", 2), ("V-T1-a2-b", "b", "use k", 2)]
+    all_pass = msgspec.structs.replace(s, verdicts=[VerdictRecord(checker=c, verifier_task_id=f"V{c}", outcome="PASS")
+                                                    for c in ("b", "a")])
+    assert decide_unblock(all_pass, "reverify", None)[0] == ("T1", [TaskUnblocked(
+        blocker_id="B-T1-1", action="reverify", attempt=1, verifier_task_ids=["V-T1-a1-a-r2", "V-T1-a1-b-r2"])])
+    one_pass = msgspec.structs.replace(s, verdicts=[VerdictRecord(checker="b", verifier_task_id="Vb", outcome="PASS")])
+    assert decide_unblock(one_pass, "reverify", None)[0] == ("T1", [TaskUnblocked(
+        blocker_id="B-T1-1", action="reverify", attempt=1, verifier_task_ids=["V-T1-a1-a-r2"],
+        kept_verifier_task_ids=["Vb"])])
+
+
+# ------------------------------------------------------------ rounds: whole events
+
+
+def _sub(sid: str, state: str, rnd: int | None = 1, parent: str = "P", task_type: str = "implement") -> TaskState:
+    return TaskState(id=sid, project="p", title="t", parent_task_id=parent, state=state,  # type: ignore[arg-type]
+                     subtask_round=rnd, task_type=task_type)  # type: ignore[arg-type]
+
+
+PARENT = TaskState(id="P", project="p", title="t", state="in_progress", is_parent=True, round=1)
+
+
+def test_a_round_is_its_parents_own_current_sub_tasks() -> None:
+    subs = [_sub("S1", "pending"), _sub("S2", "pending", None), _sub("S3", "pending", 2),
+            _sub("S4", "pending", parent="Q"), _sub("V", "pending", task_type="verify")]
+    assert [s.id for s in in_round(PARENT, subs)] == ["S1", "S2"]
+    assert [s.id for s in in_round(msgspec.structs.replace(PARENT, round=None), subs)] == ["S1", "S2"]
+    assert [s.id for s in in_round(msgspec.structs.replace(PARENT, round=2), subs)] == ["S3"]
+
+
+def test_the_review_opens_with_the_rounds_tally_once_every_sub_task_is_terminal() -> None:
+    subs = [_sub("S1", "verified"), _sub("S2", "collected"), _sub("S3", "blocked"), _sub("S4", "deadletter"),
+            _sub("S5", "cancelled"), _sub("S6", "completed"), _sub("S7", "done")]
+    assert round_outcome(subs) == (4, 2, 1)
+    assert round_outcome([*subs, _sub("S8", "failed")]) is None
+    assert round_outcome([]) == (0, 0, 0)
+    assert decide_round_check(PARENT, subs) == [TaskRoundReview(round=1, total=7, done=4, failed=2, cancelled=1)]
+    assert decide_round_check(msgspec.structs.replace(PARENT, round=None), subs)[0].round == 1  # type: ignore[attr-defined]
+    assert decide_round_check(PARENT, [*subs, _sub("S8", "running")]) == []
+    assert decide_round_check(PARENT, []) == []
+    assert decide_round_check(msgspec.structs.replace(PARENT, state="round_review"), subs) == []
+    assert decide_round_check(msgspec.structs.replace(PARENT, is_parent=False), subs) == []
+    assert last_terminal_subtask_opens_the_review(subs[0], Around(parent=PARENT, others=subs)) == [
+        ("P", [TaskRoundReview(round=1, total=7, done=4, failed=2, cancelled=1)])]
+    assert last_terminal_subtask_opens_the_review(subs[0], Around(parent=None, others=subs)) == []
+    assert last_terminal_subtask_opens_the_review(subs[0], Around(parent=PARENT, others=[])) == []
+
+
+def test_a_sub_task_open_again_reopens_the_round_under_review_only() -> None:
+    review = msgspec.structs.replace(PARENT, state="round_review", round=2)
+    sub = _sub("S1", "pending", 2)
+    assert decide_round_reopen(review, sub) == [TaskRoundReopened(round=2, subtask_id="S1",
+                                                                  reason="S1 is pending again")]
+    assert reopened_subtask_reopens_its_round(sub, Around(parent=review)) == [("P", decide_round_reopen(review, sub))]
+    assert reopened_subtask_reopens_its_round(sub, Around()) == []
+    assert decide_round_reopen(msgspec.structs.replace(review, round=None), _sub("S1", "running"))[0] == \
+        TaskRoundReopened(round=1, subtask_id="S1", reason="S1 is running again")
+    assert decide_round_reopen(msgspec.structs.replace(review, state="in_progress"), sub) == []
+    assert decide_round_reopen(review, _sub("S1", "blocked", 2)) == []
+    assert decide_round_reopen(review, _sub("S1", "pending", 1)) == []
+    assert reopened_subtask_reopens_its_round(_sub("S1", "pending", 1), Around(parent=review)) == []
+
+
+def test_a_new_round_creates_its_sub_tasks_under_the_parent() -> None:
+    review = msgspec.structs.replace(PARENT, state="round_review", round=2)
+    r = Review(decision="NEW_ROUND", notes="more", reviewer="rv", **ANSWERS,
+               new_subtasks=[_new("S5", verification=None, priority=2), _new("S6", parent_task_id="X")])
+    assert decide_round_review(review, r, [_sub("S1", "verified", 2)], existing_ids={"S1"}, default_escalation=8) == [
+        ("P", [TaskRoundReviewed(round=2, decision="NEW_ROUND", notes="more", new_subtask_ids=["S5", "S6"],
+                                 reviewer="rv", **ANSWERS),
+               TaskSubtaskAdded(subtask_id="S5", round=3), TaskSubtaskAdded(subtask_id="S6", round=3)]),
+        ("S5", [TaskCreated(id="S5", project="p", title="t", parent_task_id="P", priority=2,
+                            escalate_after_seconds=8, round=3)]),
+        ("S6", [TaskCreated(id="S6", project="p", title="t", parent_task_id="P", verification=Verification(),
+                            escalate_after_seconds=8, round=3)])]
+    done = Review(decision="GOAL_ACHIEVED", notes="ok", **ANSWERS)
+    assert decide_round_review(msgspec.structs.replace(review, round=None), done, [], existing_ids=set(),
+                               default_escalation=8) == [
+        ("P", [TaskRoundReviewed(round=1, decision="GOAL_ACHIEVED", notes="ok", **ANSWERS), TaskClosed(round=1)])]
+
+
+# ------------------------------------------------------------ reactions
+
+
+def test_a_cancelled_task_cancels_exactly_its_cancellable_children() -> None:
+    s = TaskState(id="P", project="p", title="t", state="cancelled")
+    others = [_sub("S1", "pending"), _sub("S2", "done"), _sub("S3", "running"), _sub("S4", "cancelled")]
+    assert cancelled_task_cancels_its_open_verifiers_and_subtasks(s, Around(others=others)) == [
+        ("S1", [TaskCancelled(reason="P was cancelled")]), ("S3", [TaskCancelled(reason="P was cancelled")])]
+    p = TaskState(id="P", project="p", title="t", verifier_task_ids=["V1"])
+    tasks = [_sub("V1", "pending", parent="P", task_type="verify"), _sub("V0", "pending", parent="P",
+                                                                        task_type="verify"),
+             _sub("S1", "pending"), _sub("S9", "pending", parent="Q")]
+    assert [t.id for t in children_of(p, tasks)] == ["V1", "S1"]
