@@ -630,7 +630,7 @@ def test_a_rejection_on_the_last_attempt_or_without_retries_blocks_with_every_ch
     reports = [A_PASS, CheckerReport(checker="b", outcome="FAIL", reason="R2 FAIL: no")]
     for kw, why in (({"max_attempts": 1}, "retries exhausted"),
                     ({"retry_predecessor": False}, "rejected and retry_predecessor is false")):
-        w, v, h = _half_judged(**kw)  # type: ignore[arg-type]
+        w, v, h = _half_judged(**kw)
         assert decide_verifier_complete(v, w.states["T1"], h, Verdict(outcome="FAIL", verdicts=bad))[1] == ("T1", [
             _verdict("FAIL", bad), TaskRejected(attempt=1, unmet_requirements=missing, reason="b: FAIL"),
             TaskBlocked(blocker_id="B-T1-1", reason=why, unmet_requirements=missing, attempt=1, reports=reports)])
