@@ -21,12 +21,15 @@ from events.task.events import (
     TaskCancelled,
     TaskClaimed,
     TaskClosed,
+    TaskCollected,
     TaskCompleted,
     TaskCreated,
     TaskDeadlettered,
     TaskEscalated,
+    TaskEvent,
     TaskFailed,
     TaskRejected,
+    TaskReleased,
     TaskRetryScheduled,
     TaskReverifyScheduled,
     TaskRoundReopened,
@@ -50,6 +53,7 @@ from events.task.panel import (
     synthesized_blocked_verdict,
     validate_verdict,
     verifier_ids,
+    verifier_tasks,
 )
 from events.task.reactions import (
     Around,
@@ -85,7 +89,7 @@ from events.task.rules import (
     escalate_at,
     validate_new_task,
 )
-from events.task.state import TaskState
+from events.task.state import TaskState, evolve
 from tests.task_world import AT, NOW, World, holder_of, panel
 
 
@@ -815,3 +819,89 @@ def test_a_cancelled_task_cancels_exactly_its_cancellable_children() -> None:
                                                                         task_type="verify"),
              _sub("S1", "pending"), _sub("S9", "pending", parent="Q")]
     assert [t.id for t in children_of(p, tasks)] == ["V1", "S1"]
+
+
+# ------------------------------------------------------------ later attempts carry their attempt number
+
+
+def test_a_second_attempt_names_itself_in_every_event() -> None:
+    w = World()
+    w.new(**panel(["a", "b"]), requirements=[Requirement(id="R1")], max_attempts=2)
+    w.make()
+    for vid in w.states["T1"].verifier_task_ids:
+        w.check(vid, "FAIL")
+    assert w.states["T1"].attempt == 2
+    s = w.claim("T1", "maker", "n1")
+    assert decide_release(s, holder_of(s)) == [TaskReleased(worker="maker", node="n1", attempt=2)]
+    w.run([("T1", decide_start(s, holder_of(s)))])
+    s = w.states["T1"]
+    assert decide_complete(s, holder_of(s), None)[0][1][0] == TaskCompleted(worker="maker", node="n1", attempt=2)
+    w.run(decide_complete(s, holder_of(s), None))
+    va, vb = w.states["T1"].verifier_task_ids
+    v = w.claim(va, "ca", "n2")
+    w.run([(va, decide_start(v, holder_of(v)))])
+    v = w.states[va]
+    assert v.attempt == 1 and w.states["T1"].attempt == 2
+    out = decide_verifier_complete(v, w.states["T1"], holder_of(v), Verdict(outcome="BLOCKED", category="code",
+                                                                            reason="needs X"))
+    assert out == [
+        (va, [TaskCompleted(worker="ca", node="n2", attempt=1, outcome="BLOCKED", category="code",
+                            reason="needs X")]),
+        ("T1", [TaskVerdict(checker="a", verifier_task_id=va, outcome="BLOCKED", category="code", attempt=2,
+                            node="n2", worker="ca", reason="needs X", token_id=v.token_id)])]
+    w.run(out)
+    dead = msgspec.structs.replace(w.states[vb], state="deadletter", node="n4", worker="cz")
+    missing = [Unmet(requirement_id="-", reason="a reported BLOCKED/code: needs X", checker="a")]
+    assert synthesized_blocked_verdict(dead, w.states["T1"]) == [("T1", [
+        TaskVerdict(checker="b", verifier_task_id=vb, outcome="BLOCKED", category="infrastructure", attempt=2,
+                    node="n4", worker="cz", synthesized=True, reason=f"verifier {vb} is deadletter"),
+        TaskRejected(attempt=2, unmet_requirements=missing, reason="a: BLOCKED"),
+        TaskBlocked(blocker_id="B-T1-1", reason="retries exhausted", unmet_requirements=missing, attempt=2,
+                    reports=[CheckerReport(checker="a", outcome="BLOCKED", category="code", reason="needs X"),
+                             CheckerReport(checker="b", outcome="BLOCKED", category="infrastructure",
+                                           reason=f"verifier {vb} is deadletter")])])]
+
+
+def test_a_rejection_names_only_the_checkers_that_rejected() -> None:
+    w, v, h = _half_judged(first=("FAIL", None))
+    out = decide_verifier_complete(v, w.states["T1"], h, Verdict(outcome="BLOCKED", category="infrastructure"))
+    assert out[1][1][1] == TaskRejected(attempt=1, reason="a: FAIL", unmet_requirements=[
+        Unmet(requirement_id="R1", reason="r1 says a", checker="a")])
+
+
+def test_a_checkers_reason_is_its_requirement_reasons_when_it_gives_none() -> None:
+    w, v, h = _half_judged(max_attempts=1)
+    bad = [_rv("R1", "FAIL", "one"), _rv("R2", "FAIL", "two")]
+    out = decide_verifier_complete(v, w.states["T1"], h, Verdict(outcome="FAIL", verdicts=bad))
+    assert out[1][1][-1].reports[-1] == CheckerReport(  # type: ignore[attr-defined]
+        checker="b", outcome="FAIL", reason="R1 FAIL: one; R2 FAIL: two")
+
+
+def test_collecting_and_releasing_record_who_and_why() -> None:
+    w = World()
+    w.new(verification=None)
+    w.make()
+    assert decide_collect(w.states["T1"], "pat") == [TaskCollected(by="pat")]
+    s = w.new("T2")
+    s = w.claim("T2", "al", "n1")
+    assert decide_release(s, holder_of(s)) == [TaskReleased(worker="al", node="n1", attempt=1, reason="")]
+
+
+def test_a_verifier_of_a_maker_without_a_node_blacklists_only_the_makers_own_list() -> None:
+    maker = TaskState(id="T", project="p", title="t", node_blacklist=["n9", "n2"], maker_node=None)
+    assert verifier_tasks(maker, ["V-T"], ["verifier"])[0][1][0].node_blacklist == ["n2", "n9"]  # type: ignore[attr-defined]
+    bare = msgspec.structs.replace(maker, node_blacklist=[])
+    assert verifier_tasks(bare, ["V-T"], ["verifier"])[0][1][0].node_blacklist == []  # type: ignore[attr-defined]
+
+
+def test_two_cancelled_sub_tasks_count_two() -> None:
+    assert round_outcome([_sub("S1", "cancelled"), _sub("S2", "cancelled")]) == (0, 0, 2)
+
+
+def test_an_unknown_event_is_refused_by_the_fold() -> None:
+    class Odd(TaskEvent, frozen=True, kw_only=True, tag="test.odd"):
+        pass
+
+    s = TaskState(id="T", project="p", title="t")
+    with pytest.raises(ValueError, match=r"^unknown task event Odd\(\)$"):
+        evolve(s, Odd(), seq=1, version=1, at=AT)
