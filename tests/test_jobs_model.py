@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from events import lease
-from events.errors import InvalidTransition, JobAlreadyCancelled, LeaseMismatch, ValidationFailed
+from events.errors import DomainError, InvalidTransition, JobAlreadyCancelled, LeaseMismatch, ValidationFailed
 from events.job import events as job_events
 from events.job import rules as job_rules
 from events.job import state as job_state
@@ -490,3 +490,56 @@ def test_status_is_exactly_the_view_of_the_state() -> None:
     assert job_state.iso(1.5) == "1970-01-01T00:00:01.500000Z"
     assert job_state.rounded(1.234567) == 1.23 and job_state.rounded(1.235, 1) == 1.2
     assert job_state.rounded(-0.0) == 0.0 and str(job_state.rounded(-0.0)) == "0.0"
+
+
+# ------------------------------------------------------------ each refusal, exactly
+
+
+def _refusal(exc: pytest.ExceptionInfo[DomainError]) -> tuple[type, str, dict[str, object]]:
+    return type(exc.value), exc.value.detail, exc.value.extra
+
+
+def test_a_job_refusal_says_what_is_wrong_and_names_the_job() -> None:
+    for commands, detail in (([], "commands: at least one command is needed"),
+                             (["a", "  "], "commands: a command may not be blank")):
+        with pytest.raises(DomainError) as e:
+            job_rules.decide_create(job_rules.CreateJob(job_id="J", commands=commands), T0)
+        assert _refusal(e) == (ValidationFailed, detail, {})
+    s = _created()
+    with pytest.raises(DomainError) as e:
+        job_rules.decide_claim(s, job_rules.Claim(holder=HOLDER, lease_seconds=60), T0)
+    assert _refusal(e) == (InvalidTransition, "job J cannot be claimed without a lease id", {"job_id": "J"})
+    with pytest.raises(DomainError) as e:
+        job_rules.check_lease(s, HOLDER)
+    assert _refusal(e) == (InvalidTransition, "job J has not been claimed", {"job_id": "J"})
+    r = _running()
+    with pytest.raises(DomainError) as e:
+        job_rules.decide_claim(r, job_rules.Claim(holder=HOLDER, lease_seconds=60), T0)
+    assert _refusal(e) == (InvalidTransition, "job J is running, not pending", {"job_id": "J"})
+    gone = _apply(s, job_rules.decide_cancel(s, T0))
+    with pytest.raises(DomainError) as e:
+        job_rules.decide_cancel(gone, T0)
+    assert _refusal(e) == (JobAlreadyCancelled, "job J is already cancelled", {"job_id": "J"})
+
+
+def test_a_report_refusal_names_the_missing_field_or_the_command_and_its_state() -> None:
+    s = _running()
+    who = msgspec.structs.replace(HOLDER, lease_id="L")
+    cases = [
+        (job_rules.Report(event="command_completed", command="a", index=0, duration=1.0),
+         "command_completed: exit_code is required"),
+        (job_rules.Report(event="command_completed", command="a", index=0, exit_code=0),
+         "command_completed: duration is required"),
+        (job_rules.Report(event="error", command="a", index=0), "error: error (the message) is required"),
+        (job_rules.Report(event="finish"), "finish: status is required (completed, failed or cancelled)"),
+    ]
+    for report, detail in cases:
+        with pytest.raises(DomainError) as e:
+            job_rules.decide_report(s, who, report, at(11))
+        assert _refusal(e) == (ValidationFailed, detail, {})
+    s = _apply(s, job_rules.decide_report(s, who, job_rules.Report(event="command_started", command="a", index=0),
+                                          at(11)))
+    with pytest.raises(DomainError) as e:
+        job_rules.decide_report(s, who, job_rules.Report(event="command_started", command="a", index=0), at(12))
+    assert _refusal(e) == (InvalidTransition, "command_started: command 0 ('a') is running",
+                           {"job_id": "J", "index": 0})
