@@ -543,3 +543,20 @@ def test_a_report_refusal_names_the_missing_field_or_the_command_and_its_state()
         job_rules.decide_report(s, who, job_rules.Report(event="command_started", command="a", index=0), at(12))
     assert _refusal(e) == (InvalidTransition, "command_started: command 0 ('a') is running",
                            {"job_id": "J", "index": 0})
+
+
+def test_a_running_command_may_be_reported_cached_or_skipped_and_failures_add_up() -> None:
+    s = _running()
+    who = msgspec.structs.replace(HOLDER, lease_id="L")
+    for i, c in enumerate("abc"):
+        s = _apply(s, job_rules.decide_report(s, who, job_rules.Report(event="command_started", command=c, index=i),
+                                              at(11)))
+    assert job_rules.decide_report(s, who, job_rules.Report(event="cache_hit", command="a", index=0), at(12)) == [
+        job_events.JobCacheHit(command="a", index=0)]
+    assert job_rules.decide_report(s, who, job_rules.Report(event="command_skipped", command="b", index=1,
+                                                            reason="r"), at(12)) == [
+        job_events.JobCommandSkipped(command="b", index=1, reason="r")]
+    for i, c in enumerate("ab"):
+        s = _apply(s, job_rules.decide_report(s, who, job_rules.Report(
+            event="command_completed", command=c, index=i, exit_code=1, duration=1.0), at(12)))
+    assert (s.failed_commands, s.completed_commands, s.current_command) == (2, 2, "c")

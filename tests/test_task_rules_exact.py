@@ -83,6 +83,7 @@ from events.task.rules import (
     decide_create,
     decide_escalate,
     decide_fail,
+    decide_lease_expired,
     decide_reassign,
     decide_release,
     decide_start,
@@ -905,3 +906,16 @@ def test_an_unknown_event_is_refused_by_the_fold() -> None:
     s = TaskState(id="T", project="p", title="t")
     with pytest.raises(ValueError, match=r"^unknown task event Odd\(\)$"):
         evolve(s, Odd(), seq=1, version=1, at=AT)
+
+
+def test_a_verifier_on_its_second_lease_completes_on_its_own_attempt() -> None:
+    w, v, _ = _half_judged()
+    w.run([(v.id, decide_lease_expired(v, v.lease_id or ""))])
+    v = w.claim(v.id, "cb", "n3")
+    w.run([(v.id, decide_start(v, holder_of(v)))])
+    v = w.states[v.id]
+    ok = [_rv("R1"), _rv("R2")]
+    out = decide_verifier_complete(v, w.states["T1"], holder_of(v), Verdict(outcome="PASS", verdicts=ok))
+    assert out[0] == (v.id, [TaskCompleted(worker="cb", node="n3", attempt=2, outcome="PASS", verdicts=ok)])
+    assert out[1][1][0] == TaskVerdict(checker="b", verifier_task_id=v.id, outcome="PASS", verdicts=ok, attempt=1,
+                                       node="n3", worker="cb", token_id="tok-cb@n3")
