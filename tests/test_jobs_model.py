@@ -560,3 +560,34 @@ def test_a_running_command_may_be_reported_cached_or_skipped_and_failures_add_up
         s = _apply(s, job_rules.decide_report(s, who, job_rules.Report(
             event="command_completed", command=c, index=i, exit_code=1, duration=1.0), at(12)))
     assert (s.failed_commands, s.completed_commands, s.current_command) == (2, 2, "c")
+
+
+def test_the_current_command_stays_the_one_last_started_while_it_runs() -> None:
+    s = _running()
+    for i, c in ((2, "c"), (1, "b"), (0, "a")):
+        s = job_state.evolve(s, job_events.JobCommandStarted(command=c, index=i, total=3))
+    assert s.current_command == "a"
+    for ev in (job_events.JobCommandCompleted(command="c", index=2, exit_code=0, duration=1.0),
+               job_events.JobCacheHit(command="c", index=2),
+               job_events.JobCommandSkipped(command="c", index=2)):
+        assert job_state.evolve(s, ev).current_command == "a"
+
+
+def test_a_command_event_folds_for_the_first_command_and_is_ignored_out_of_range() -> None:
+    s = _running()
+    for ev in (job_events.JobCommandCompleted(command="a", index=0, exit_code=0, duration=1.0),
+               job_events.JobCacheHit(command="a", index=0),
+               job_events.JobCommandSkipped(command="a", index=0)):
+        assert job_state.evolve(s, ev).commands[0].state != "pending"
+        assert job_state.evolve(s, msgspec.structs.replace(ev, index=3)) == s
+        assert job_state.evolve(s, msgspec.structs.replace(ev, index=-1)) == s
+
+
+def test_an_ending_keeps_its_time_and_output() -> None:
+    s = _running()
+    c = job_state.evolve(s, job_events.JobCancelled(at=T0.timestamp() + 20, result={"o": 1}))
+    assert (c.ended_at, c.result["output"]) == (T0.timestamp() + 20, {"o": 1})
+    d = job_state.evolve(s, job_events.JobCompleted(at=T0.timestamp() + 20, result={"o": 2}))
+    assert d.result["output"] == {"o": 2}
+    assert job_state.status(d, at(99))["ended_at"] == job_state.iso(T0.timestamp() + 20)
+    assert job_state.elapsed(s, at(10.5)) == 0.5
