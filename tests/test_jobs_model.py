@@ -575,7 +575,8 @@ def test_the_current_command_stays_the_one_last_started_while_it_runs() -> None:
 
 def test_a_command_event_folds_for_the_first_command_and_is_ignored_out_of_range() -> None:
     s = _running()
-    for ev in (job_events.JobCommandCompleted(command="a", index=0, exit_code=0, duration=1.0),
+    for ev in (job_events.JobCommandStarted(command="a", index=0, total=3),
+               job_events.JobCommandCompleted(command="a", index=0, exit_code=0, duration=1.0),
                job_events.JobCacheHit(command="a", index=0),
                job_events.JobCommandSkipped(command="a", index=0)):
         assert job_state.evolve(s, ev).commands[0].state != "pending"
