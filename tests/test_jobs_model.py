@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from events import lease
-from events.errors import InvalidTransition, JobAlreadyCancelled, LeaseMismatch, ValidationFailed
+from events.errors import DomainError, InvalidTransition, JobAlreadyCancelled, LeaseMismatch, ValidationFailed
 from events.job import events as job_events
 from events.job import rules as job_rules
 from events.job import state as job_state
@@ -547,3 +547,105 @@ def test_the_job_records_who_started_it() -> None:
     assert job_state.status(s, T0)["created_by"] == {"name": "checker-1", "role": "worker", "node": "n2"}
     created = job_rules.decide_create(job_rules.CreateJob(job_id="J", commands=["a"], created_by=who), T0)[0]
     assert job_events.decode("job.created", msgspec.json.encode(job_events.payload(created))) == created
+
+
+# ------------------------------------------------------------ each refusal, exactly
+
+
+def _refusal(exc: pytest.ExceptionInfo[DomainError]) -> tuple[type, str, dict[str, object]]:
+    return type(exc.value), exc.value.detail, exc.value.extra
+
+
+def test_a_job_refusal_says_what_is_wrong_and_names_the_job() -> None:
+    for commands, detail in (([], "commands: at least one command is needed"),
+                             (["a", "  "], "commands: a command may not be blank")):
+        with pytest.raises(DomainError) as e:
+            job_rules.decide_create(job_rules.CreateJob(job_id="J", commands=commands), T0)
+        assert _refusal(e) == (ValidationFailed, detail, {})
+    s = _created()
+    with pytest.raises(DomainError) as e:
+        job_rules.decide_claim(s, job_rules.Claim(holder=HOLDER, lease_seconds=60), T0)
+    assert _refusal(e) == (InvalidTransition, "job J cannot be claimed without a lease id", {"job_id": "J"})
+    with pytest.raises(DomainError) as e:
+        job_rules.check_lease(s, HOLDER)
+    assert _refusal(e) == (InvalidTransition, "job J has not been claimed", {"job_id": "J"})
+    r = _running()
+    with pytest.raises(DomainError) as e:
+        job_rules.decide_claim(r, job_rules.Claim(holder=HOLDER, lease_seconds=60), T0)
+    assert _refusal(e) == (InvalidTransition, "job J is running, not pending", {"job_id": "J"})
+    gone = _apply(s, job_rules.decide_cancel(s, T0))
+    with pytest.raises(DomainError) as e:
+        job_rules.decide_cancel(gone, T0)
+    assert _refusal(e) == (JobAlreadyCancelled, "job J is already cancelled", {"job_id": "J"})
+
+
+def test_a_report_refusal_names_the_missing_field_or_the_command_and_its_state() -> None:
+    s = _running()
+    who = msgspec.structs.replace(HOLDER, lease_id="L")
+    cases = [
+        (job_rules.Report(event="command_completed", command="a", index=0, duration=1.0),
+         "command_completed: exit_code is required"),
+        (job_rules.Report(event="command_completed", command="a", index=0, exit_code=0),
+         "command_completed: duration is required"),
+        (job_rules.Report(event="error", command="a", index=0), "error: error (the message) is required"),
+        (job_rules.Report(event="finish"), "finish: status is required (completed, failed or cancelled)"),
+    ]
+    for report, detail in cases:
+        with pytest.raises(DomainError) as e:
+            job_rules.decide_report(s, who, report, at(11))
+        assert _refusal(e) == (ValidationFailed, detail, {})
+    s = _apply(s, job_rules.decide_report(s, who, job_rules.Report(event="command_started", command="a", index=0),
+                                          at(11)))
+    with pytest.raises(DomainError) as e:
+        job_rules.decide_report(s, who, job_rules.Report(event="command_started", command="a", index=0), at(12))
+    assert _refusal(e) == (InvalidTransition, "command_started: command 0 ('a') is running",
+                           {"job_id": "J", "index": 0})
+
+
+def test_a_running_command_may_be_reported_cached_or_skipped_and_failures_add_up() -> None:
+    s = _running()
+    who = msgspec.structs.replace(HOLDER, lease_id="L")
+    for i, c in enumerate("abc"):
+        s = _apply(s, job_rules.decide_report(s, who, job_rules.Report(event="command_started", command=c, index=i),
+                                              at(11)))
+    assert job_rules.decide_report(s, who, job_rules.Report(event="cache_hit", command="a", index=0), at(12)) == [
+        job_events.JobCacheHit(command="a", index=0)]
+    assert job_rules.decide_report(s, who, job_rules.Report(event="command_skipped", command="b", index=1,
+                                                            reason="r"), at(12)) == [
+        job_events.JobCommandSkipped(command="b", index=1, reason="r")]
+    for i, c in enumerate("ab"):
+        s = _apply(s, job_rules.decide_report(s, who, job_rules.Report(
+            event="command_completed", command=c, index=i, exit_code=1, duration=1.0), at(12)))
+    assert (s.failed_commands, s.completed_commands, s.current_command) == (2, 2, "c")
+
+
+def test_the_current_command_stays_the_one_last_started_while_it_runs() -> None:
+    s = _running()
+    for i, c in ((2, "c"), (1, "b"), (0, "a")):
+        s = job_state.evolve(s, job_events.JobCommandStarted(command=c, index=i, total=3))
+    assert s.current_command == "a"
+    for ev in (job_events.JobCommandCompleted(command="c", index=2, exit_code=0, duration=1.0),
+               job_events.JobCacheHit(command="c", index=2),
+               job_events.JobCommandSkipped(command="c", index=2)):
+        assert job_state.evolve(s, ev).current_command == "a"
+
+
+def test_a_command_event_folds_for_the_first_command_and_is_ignored_out_of_range() -> None:
+    s = _running()
+    for ev in (job_events.JobCommandStarted(command="a", index=0, total=3),
+               job_events.JobCommandCompleted(command="a", index=0, exit_code=0, duration=1.0),
+               job_events.JobCacheHit(command="a", index=0),
+               job_events.JobCommandSkipped(command="a", index=0)):
+        assert job_state.evolve(s, ev).commands[0].state != "pending"
+        assert job_state.evolve(s, msgspec.structs.replace(ev, index=3)) == s
+        assert job_state.evolve(s, msgspec.structs.replace(ev, index=-1)) == s
+
+
+def test_an_ending_keeps_its_time_and_output() -> None:
+    s = _running()
+    c = job_state.evolve(s, job_events.JobCancelled(at=T0.timestamp() + 20, result={"o": 1}))
+    assert (c.ended_at, c.result["output"]) == (T0.timestamp() + 20, {"o": 1})
+    d = job_state.evolve(s, job_events.JobCompleted(at=T0.timestamp() + 20, result={"o": 2}))
+    assert d.result["output"] == {"o": 2}
+    assert job_state.status(d, at(99))["ended_at"] == job_state.iso(T0.timestamp() + 20)
+    assert job_state.elapsed(s, at(10.5)) == 0.5
