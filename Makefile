@@ -30,7 +30,7 @@ $(VENV)/.mutation: $(STAMP)
 	$(BIN)/pip install -q -e '.[mutation]'
 	touch $@
 
-mutation: $(VENV)/.mutation  ## mutmut over the decision modules against the fast pure tests (~15 min, not in CI); docs/TESTING.md
+mutation: $(VENV)/.mutation  ## mutmut over the decision modules against the fast pure tests (~6 min on 2 cores, not in CI); docs/TESTING.md
 	rm -rf mutants
 	HYPOTHESIS_PROFILE=mutation $(BIN)/mutmut run --max-children 2 > /dev/null || true
 	$(BIN)/python -m tests.mutation_report
