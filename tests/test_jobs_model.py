@@ -533,11 +533,15 @@ def test_a_timed_out_command_fails_like_a_non_zero_exit_and_is_named_in_the_resu
 
 def test_a_timed_out_command_cannot_have_exited_0_and_the_timeout_must_be_positive() -> None:
     s = _running(["a"])
-    with pytest.raises(ValidationFailed, match="timed out cannot exit 0"):
+    with pytest.raises(ValidationFailed) as e:
         _decide(s, 12, event="command_completed", command="a", exit_code=0, duration=1.0, timed_out=True)
+    assert e.value.detail == "command_completed: a command that timed out cannot exit 0"
     for bad in (0.0, -1.0):
-        with pytest.raises(ValidationFailed, match="command_timeout_seconds"):
+        with pytest.raises(ValidationFailed) as e:
             job_rules.decide_create(job_rules.CreateJob(job_id="J", commands=["a"], command_timeout_seconds=bad), T0)
+        assert e.value.detail == "command_timeout_seconds: must be more than 0"
+    half = job_rules.decide_create(job_rules.CreateJob(job_id="J", commands=["a"], command_timeout_seconds=0.5), T0)
+    assert half[0].command_timeout_seconds == 0.5  # any positive limit, under a second too
 
 
 def test_the_job_records_who_started_it() -> None:
