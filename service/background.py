@@ -17,7 +17,9 @@ log = logging.getLogger("taskledger.background")
 
 
 async def cancel_all(tasks: Iterable[asyncio.Task[Any]], *, every: float = 1.0) -> None:
-    """Cancel `tasks` and wait until each has finished, cancelling again every `every` seconds."""
+    """Cancel `tasks` and wait until each has finished, cancelling again every `every` seconds.
+    Like `gather(..., return_exceptions=True)`, a task's own failure is consumed, not raised."""
+    tasks = list(tasks)
     pending = {t for t in tasks if not t.done()}
     while pending:
         for t in pending:
@@ -25,3 +27,6 @@ async def cancel_all(tasks: Iterable[asyncio.Task[Any]], *, every: float = 1.0) 
         _, pending = await asyncio.wait(pending, timeout=every)
         for t in pending:
             log.warning("background task %s ignored a cancellation; cancelling it again", t.get_name())
+    for t in tasks:
+        if not t.cancelled():
+            t.exception()  # retrieved, so asyncio does not report it as never retrieved

@@ -38,6 +38,7 @@ import msgspec
 from events import store
 from events.task.state import TaskState
 from projections import tasks as task_views
+from service.background import cancel_all
 from service.settings import Settings
 
 log = logging.getLogger("taskledger.webhooks")
@@ -185,18 +186,14 @@ class Deliverer:
         self._owned.clear()
 
     async def _release(self, hid: str) -> None:
-        task = self._owned.pop(hid)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_all([self._owned.pop(hid)])
         if self._lock is not None and not self._lock.is_closed():
             await self._lock.execute("SELECT pg_advisory_unlock($1, hashtext($2))", LOCK_CLASS, hid)
 
     async def _release_all(self) -> None:
         tasks = list(self._owned.values())
         self._owned.clear()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_all(tasks)
         if self._lock is not None:
             self._lock.terminate()  # ends the session, and with it every lock it held
             self._lock = None
