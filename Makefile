@@ -36,13 +36,13 @@ mutation: $(VENV)/.mutation  ## mutmut over the decision modules against the fas
 	$(BIN)/python -m tests.mutation_report
 
 lint: $(STAMP)  ## ruff
-	$(BIN)/ruff check service events projections taskledger tests bench deploy
+	$(BIN)/ruff check service events projections taskledger/client taskledger/mcp tests bench deploy
 
 typecheck: $(STAMP)  ## mypy --strict on the packages
 	$(BIN)/mypy
 
 openapi: $(STAMP)  ## rewrite openapi/openapi.json from the app
-	$(BIN)/python -m service.openapi > openapi/openapi.json
+	$(BIN)/python -m taskledger.service.http.openapi > openapi/openapi.json
 
 bench: $(STAMP)  ## run every benchmark (a quarter of an hour; figures in docs/BENCHMARKS.md)
 	$(BIN)/python -m bench.append_http

@@ -18,8 +18,8 @@ from typing import Any
 import asyncpg
 import httpx
 
-from service.embedded import start_embedded, with_database
-from service.migrate import migrate
+from taskledger.service.ops.embedded import start_embedded, with_database
+from taskledger.service.ops.migrate import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "bench-admin-" + uuid.uuid4().hex
@@ -103,7 +103,7 @@ class Server:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"tl-bench-{self.port}.log"
-        cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "taskledger.service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--server", server, "--database-url", db_url, "--workers", str(workers)]
         full_env = dict(os.environ, TASKLEDGER_ADMIN_TOKEN=TOKEN, **(env or {}))
         with self.log.open("ab") as log:

@@ -53,10 +53,10 @@ from typing import Any
 import asyncpg
 import httpx
 
-from events import store
-from events.canonical import GENESIS_HASH, verify_chain
-from service.embedded import start_embedded, with_database
-from service.migrate import migrate
+from taskledger.events import store
+from taskledger.events.canonical import GENESIS_HASH, verify_chain
+from taskledger.service.ops.embedded import start_embedded, with_database
+from taskledger.service.ops.migrate import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN_TOKEN = "bench-admin-" + uuid.uuid4().hex
@@ -368,7 +368,7 @@ class Serve:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = logdir / f"serve-{server}-{workers}.log"
-        cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "taskledger.service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--server", server, "--workers", str(workers), "--database-url", db_url]
         env = dict(os.environ, TASKLEDGER_ADMIN_TOKEN=ADMIN_TOKEN)
         env.pop("TASKLEDGER_DATABASE_URL", None)

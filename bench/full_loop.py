@@ -35,9 +35,9 @@ from typing import Any
 import asyncpg
 import httpx
 
-from events import store
-from events.canonical import verify_chain
-from service.embedded import start_embedded, with_database
+from taskledger.events import store
+from taskledger.events.canonical import verify_chain
+from taskledger.service.ops.embedded import start_embedded, with_database
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN = "bench-admin-" + uuid.uuid4().hex
@@ -105,7 +105,7 @@ async def run(args: argparse.Namespace, url: str) -> None:
     log = Path(tempfile.mkstemp(prefix="full-loop-serve-", suffix=".log")[1])
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--database-url", url,
+            [sys.executable, "-m", "taskledger.service.cli", "serve", "--port", str(port), "--database-url", url,
              "--server", args.server, "--workers", str(args.workers)],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:

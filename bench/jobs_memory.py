@@ -91,7 +91,7 @@ def main() -> int:
     ap.add_argument("--step", type=int, default=50)
     args = ap.parse_args()
 
-    from service.embedded import start_embedded
+    from taskledger.service.ops.embedded import start_embedded
 
     tmp = Path(tempfile.mkdtemp(prefix="tl-bench-jobs-"))
     handle, url = start_embedded(tmp / "pg")
@@ -105,7 +105,7 @@ def main() -> int:
             [
                 sys.executable,
                 "-m",
-                "service.cli",
+                "taskledger.service.cli",
                 "serve",
                 "--host",
                 "127.0.0.1",
@@ -145,7 +145,7 @@ def main() -> int:
                 [
                     sys.executable,
                     "-m",
-                    "service.cli",
+                    "taskledger.service.cli",
                     "runner",
                     "--url",
                     base,

@@ -65,7 +65,7 @@ from bench.append_http import (
     postmaster_pid,
     wrk,
 )
-from service.embedded import start_embedded, with_database
+from taskledger.service.ops.embedded import start_embedded, with_database
 
 _DONE = r"""
 function done(summary, latency, requests)

@@ -32,14 +32,14 @@ import asyncpg
 import msgspec
 
 from bench.scratch import migrated_database, server
-from events.canonical import GENESIS_HASH, canonical_json, event_hash, format_ts
-from events.lease import Holder
-from events.task.events import Requirement, RequirementVerdict, event_type, payload
-from events.task.panel import Verdict, decide_complete, decide_verifier_complete
-from events.task.rules import Claim, NewTask, decide_claim, decide_collect, decide_create, decide_start
-from events.task.state import evolve
-from projections import framework
-from service.embedded import with_database
+from taskledger.events.canonical import GENESIS_HASH, canonical_json, event_hash, format_ts
+from taskledger.events.lease import Holder
+from taskledger.events.task.events import Requirement, RequirementVerdict, event_type, payload
+from taskledger.events.task.panel import Verdict, decide_complete, decide_verifier_complete
+from taskledger.events.task.rules import Claim, NewTask, decide_claim, decide_collect, decide_create, decide_start
+from taskledger.events.task.state import evolve
+from taskledger.projections import framework
+from taskledger.service.ops.embedded import with_database
 
 PH = "XQXIDXQX"
 _enc = msgspec.json.Encoder()

@@ -11,8 +11,8 @@ from contextlib import asynccontextmanager, contextmanager
 
 import asyncpg
 
-from service.embedded import start_embedded, with_database
-from service.migrate import migrate
+from taskledger.service.ops.embedded import start_embedded, with_database
+from taskledger.service.ops.migrate import migrate
 
 
 @contextmanager

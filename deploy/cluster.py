@@ -66,7 +66,7 @@ class Replica:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def spawn(self) -> Replica:
-        cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "taskledger.service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--database-url", self.database_url]
         env = {**os.environ, **self.env}
         env.pop("TASKLEDGER_DATABASE_URL", None)

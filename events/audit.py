@@ -33,8 +33,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from events.canonical import GENESIS_HASH, event_hash
-from events.store import ANY, EVENT_ROW_SQL, LogTx, NewEvent, RecordedEvent, event_json
+from taskledger.events.canonical import GENESIS_HASH, event_hash
+from taskledger.events.store import ANY, EVENT_ROW_SQL, LogTx, NewEvent, RecordedEvent, event_json
 
 CHECKPOINT_STREAM: Final = "audit"
 CHECKPOINT_TYPE: Final = "audit.checkpoint"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from events.errors import LeaseMismatch
+from taskledger.events.errors import LeaseMismatch
 
 
 class Holder(msgspec.Struct, frozen=True, kw_only=True):

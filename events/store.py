@@ -30,8 +30,8 @@ from typing import Any, Final
 import asyncpg
 import msgspec
 
-from events.canonical import GENESIS_HASH, format_ts, hash_event
-from events.errors import VersionConflict
+from taskledger.events.canonical import GENESIS_HASH, format_ts, hash_event
+from taskledger.events.errors import VersionConflict
 
 NOTIFY_CHANNEL: Final = "taskledger_events"
 

@@ -7,8 +7,8 @@ the streams it reads and a fold (see `projections.framework.Fold`).
 
 from __future__ import annotations
 
-from projections import jobs, tasks
-from projections.framework import Projection, Table, register
+from taskledger.projections import jobs, tasks
+from taskledger.projections.framework import Projection, Table, register
 
 TASKS = register(Projection(
     name="tasks", version=tasks.VERSION, tables=(Table("tasks", "id"),), streams="task:",

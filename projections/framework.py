@@ -135,7 +135,7 @@ def register(p: Projection) -> Projection:
 
 
 def registered() -> dict[str, Projection]:
-    from projections import catalog  # noqa: F401 - registers the built-in projections
+    from taskledger.projections import catalog  # noqa: F401 - registers the built-in projections
 
     return dict(_REGISTRY)
 

@@ -14,9 +14,9 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-from events.job import events as job_events
-from events.job import state as job_state
-from events.store import RecordedEvent
+from taskledger.events.job import events as job_events
+from taskledger.events.job import state as job_state
+from taskledger.events.store import RecordedEvent
 
 NAME: Final = "jobs"
 SCHEMA_VERSION: Final = 1

@@ -27,10 +27,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from litestar.testing import AsyncTestClient
 
-from service.app import create_app
-from service.embedded import with_database
-from service.migrate import grant_app_role, migrate
-from service.settings import Settings
+from taskledger.service.http.app import create_app
+from taskledger.service.ops.embedded import with_database
+from taskledger.service.ops.migrate import grant_app_role, migrate
+from taskledger.service.settings import Settings
 
 ADMIN_TOKEN = "test-admin-" + uuid.uuid4().hex
 
@@ -89,7 +89,7 @@ def pg_url() -> Iterator[str]:
     if url:
         yield url
         return
-    from service.embedded import start_embedded
+    from taskledger.service.ops.embedded import start_embedded
 
     # Not under pytest's basetemp: pytest narrows that tree's permissions at
     # every session start, and the embedded server runs as its own system user.
@@ -236,7 +236,7 @@ class ServerProcess:
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tl-serve-{self.port}.log"
 
     def start(self, timeout: float = 60) -> ServerProcess:
-        cmd = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "taskledger.service.cli", "serve", "--host", "127.0.0.1",
                "--port", str(self.port), "--server", self.server, "--workers", str(self.workers)]
         env = {**os.environ, "TASKLEDGER_ADMIN_TOKEN": ADMIN_TOKEN,
                "TASKLEDGER_SWEEP_INTERVAL_SECONDS": "0.2", "TASKLEDGER_AUDIT_KEY": str(AUDIT_KEY),

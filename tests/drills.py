@@ -23,9 +23,9 @@ from typing import Any
 import asyncpg
 import httpx
 
-from events import audit
-from service.embedded import start_embedded
-from service.migrate import migrate
+from taskledger.events import audit
+from taskledger.service.ops.embedded import start_embedded
+from taskledger.service.ops.migrate import migrate
 from tests.conftest import ADMIN_TOKEN, ServerProcess
 
 DRILLS = ("pg_fast_restart", "pg_stopped_8s", "pg_kill_9", "service_kill_9")

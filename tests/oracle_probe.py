@@ -16,7 +16,7 @@ from hypothesis import Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 import tests.conftest  # noqa: F401  (registers the profiles)
-from events.task import state as task_state
+from taskledger.events.task import state as task_state
 from tests import test_task_machine as machine
 
 

@@ -8,13 +8,21 @@ from typing import Any
 
 import msgspec
 
-from events.lease import Holder
-from events.task.events import Requirement, RequirementVerdict, TaskEvent, Verification, decode, event_type, payload
-from events.task.panel import Verdict, decide_complete, decide_verifier_complete
-from events.task.reactions import REACTIONS, Around, Reaction, children_of
-from events.task.rounds import in_round
-from events.task.rules import Changes, Claim, NewTask, decide_claim, decide_create, decide_start
-from events.task.state import TaskState, evolve
+from taskledger.events.lease import Holder
+from taskledger.events.task.events import (
+    Requirement,
+    RequirementVerdict,
+    TaskEvent,
+    Verification,
+    decode,
+    event_type,
+    payload,
+)
+from taskledger.events.task.panel import Verdict, decide_complete, decide_verifier_complete
+from taskledger.events.task.reactions import REACTIONS, Around, Reaction, children_of
+from taskledger.events.task.rounds import in_round
+from taskledger.events.task.rules import Changes, Claim, NewTask, decide_claim, decide_create, decide_start
+from taskledger.events.task.state import TaskState, evolve
 
 NOW = datetime(2026, 11, 22, tzinfo=UTC)
 AT = "2026-11-22T00:00:00.000000Z"

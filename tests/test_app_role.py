@@ -24,7 +24,7 @@ def _as(url: str, role: str) -> str:
 async def app_role(db_url: str) -> AsyncIterator[str]:
     role = "tl_app_" + uuid.uuid4().hex[:8]
     out = await asyncio.to_thread(subprocess.run, [
-        sys.executable, "-m", "service.cli", "migrate", "--app-role", role, "--database-url", db_url],
+        sys.executable, "-m", "taskledger.service.cli", "migrate", "--app-role", role, "--database-url", db_url],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     try:
@@ -78,6 +78,6 @@ async def test_the_service_serves_as_the_app_role(db_url: str, app_role: str) ->
         await asyncio.to_thread(s.stop)
     # migrations still run as the owner after the rebuild gave the app role new tables
     out = await asyncio.to_thread(subprocess.run, [
-        sys.executable, "-m", "service.cli", "migrate", "--app-role", app_role, "--database-url", db_url],
+        sys.executable, "-m", "taskledger.service.cli", "migrate", "--app-role", app_role, "--database-url", db_url],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

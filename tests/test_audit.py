@@ -8,8 +8,8 @@ from pathlib import Path
 
 import asyncpg
 
-from events import audit
-from service.cli import main as cli
+from taskledger.events import audit
+from taskledger.service.cli.main import main as cli
 from tests.conftest import AppHarness
 from tests.flows import make, project
 

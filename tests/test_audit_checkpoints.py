@@ -14,10 +14,10 @@ import asyncpg
 import pytest
 from litestar.testing import AsyncTestClient
 
-from events import audit, store
-from events.canonical import event_hash
-from service.app import create_app
-from service.cli import main as cli
+from taskledger.events import audit, store
+from taskledger.events.canonical import event_hash
+from taskledger.service.cli.main import main as cli
+from taskledger.service.http.app import create_app
 from tests.conftest import AUDIT_KEY, AppHarness, settings_for
 
 

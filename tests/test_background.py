@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from service.background import cancel_all
+from taskledger.service.background import cancel_all
 
 
 async def test_a_task_that_swallows_one_cancellation_is_cancelled_again_until_it_ends() -> None:

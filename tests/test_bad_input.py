@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from service.app import MAX_JSON_DEPTH, json_depth
+from taskledger.service.http.app import MAX_JSON_DEPTH, json_depth
 from tests.conftest import AppHarness
 
 

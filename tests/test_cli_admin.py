@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from service.cli import main as cli
+from taskledger.service.cli.main import main as cli
 from tests.conftest import ROOT, AppHarness, Client, ServerProcess
 from tests.flows import claim, complete_verify, make, project
 
@@ -68,7 +68,7 @@ def test_replay_reads_the_http_api_with_a_token(server: ServerProcess) -> None:
 
     task_id = asyncio.run(seed())
     env = {"PATH": "/usr/bin:/bin", "TASKLEDGER_URL": server.base, "TASKLEDGER_TOKEN": server.token("reader")}
-    r = subprocess.run([sys.executable, "-m", "service.cli", "replay", "--task", task_id], cwd=ROOT, env=env,
+    r = subprocess.run([sys.executable, "-m", "taskledger.service.cli", "replay", "--task", task_id], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stderr
     for word in ("task.created", "task.claimed", "task.verifying", "verifying", "node-a"):

@@ -16,7 +16,7 @@ import pytest
 
 from deploy.cluster import Cluster
 from deploy.drill import Load, head_seq, read_log, token
-from service.embedded import with_database
+from taskledger.service.ops.embedded import with_database
 from tests.conftest import _drop, _run, fresh_database
 
 pytestmark = pytest.mark.slow

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from litestar.testing import AsyncTestClient
 
-from service.app import create_app
-from service.auth import hash_token
-from service.routes.dashboard import COOKIE, Sessions, _b64
+from taskledger.service.http.app import create_app
+from taskledger.service.http.auth import hash_token
+from taskledger.service.http.routes.dashboard import COOKIE, Sessions, _b64
 from tests.conftest import ADMIN_TOKEN, AppHarness, ServerProcess, settings_for
 from tests.flows import create_task, project
 

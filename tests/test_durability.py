@@ -17,8 +17,8 @@ from typing import Any
 import asyncpg
 import httpx
 
-from events import store
-from events.canonical import verify_chain
+from taskledger.events import store
+from taskledger.events.canonical import verify_chain
 from tests.conftest import ServerProcess
 
 CLIENTS = 8

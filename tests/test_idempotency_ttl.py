@@ -7,8 +7,8 @@ import asyncio
 import asyncpg
 from litestar.testing import AsyncTestClient
 
-from service.app import create_app
-from service.settings import Settings
+from taskledger.service.http.app import create_app
+from taskledger.service.settings import Settings
 from tests.conftest import AppHarness, settings_for
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from projections import jobs as projection
+from taskledger.projections import jobs as projection
 from tests.conftest import AppHarness, Client
 
 

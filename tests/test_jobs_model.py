@@ -7,11 +7,17 @@ from datetime import UTC, datetime, timedelta, timezone
 import msgspec
 import pytest
 
-from events import lease
-from events.errors import DomainError, InvalidTransition, JobAlreadyCancelled, LeaseMismatch, ValidationFailed
-from events.job import events as job_events
-from events.job import rules as job_rules
-from events.job import state as job_state
+from taskledger.events import lease
+from taskledger.events.errors import (
+    DomainError,
+    InvalidTransition,
+    JobAlreadyCancelled,
+    LeaseMismatch,
+    ValidationFailed,
+)
+from taskledger.events.job import events as job_events
+from taskledger.events.job import rules as job_rules
+from taskledger.events.job import state as job_state
 
 T0 = datetime.fromtimestamp(1_700_000_000, UTC)
 HOLDER = lease.Holder(node="n1", worker="w1", token_id="tok-1")

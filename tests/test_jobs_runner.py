@@ -58,7 +58,7 @@ class RunnerProcess:
                 [
                     sys.executable,
                     "-m",
-                    "service.cli",
+                    "taskledger.service.cli",
                     "runner",
                     "--url",
                     server.base,
@@ -122,7 +122,7 @@ def test_runner_runs_the_commands_in_order_and_fails_when_one_fails(
     jid = producer.create([f"touch {marker}", "exit 3", f"echo after >> {marker}"])
     tok = server.token("worker", node="once-node")
     out = subprocess.run(
-        [sys.executable, "-m", "service.cli", "runner", "--url", server.base, "--token", tok, "--once"],
+        [sys.executable, "-m", "taskledger.service.cli", "runner", "--url", server.base, "--token", tok, "--once"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -237,7 +237,7 @@ def test_job_watch_draws_progress_and_ends_with_the_result(
             [
                 sys.executable,
                 "-m",
-                "service.cli",
+                "taskledger.service.cli",
                 "job",
                 "watch",
                 jid,
@@ -265,7 +265,7 @@ def test_job_watch_draws_progress_and_ends_with_the_result(
         [
             sys.executable,
             "-m",
-            "service.cli",
+            "taskledger.service.cli",
             "job",
             "watch",
             "no-such-job",

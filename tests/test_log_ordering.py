@@ -7,9 +7,9 @@ import random
 
 import asyncpg
 
-from events import store
-from events.store import NewEvent
-from service.writer import UnitOfWork, Writer
+from taskledger.events import store
+from taskledger.events.store import NewEvent
+from taskledger.service.writer.engine import UnitOfWork, Writer
 
 
 async def _reader(pool: asyncpg.Pool, stop: asyncio.Event, seen: list[int], violations: list[str]) -> None:
@@ -102,6 +102,6 @@ async def test_many_writers_through_the_writer_are_seen_in_order_by_a_concurrent
         await w.stop()
     assert violations == []
     assert seen == list(range(1, 16 * 25 + 1))
-    ok, bad, _ = __import__("events.canonical", fromlist=["verify_chain"]).verify_chain(
+    ok, bad, _ = __import__("taskledger.events.canonical", fromlist=["verify_chain"]).verify_chain(
         [e.as_dict() for e in await store.read(pool, since_seq=0, limit=10_000)])
     assert ok, bad

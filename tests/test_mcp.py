@@ -22,7 +22,7 @@ TOOLS = {"claim_task", "start_task", "heartbeat", "complete_task", "report_verdi
 
 def agent(server: ServerProcess, token: str) -> Client:
     return Client(StdioServerParameters(
-        command=sys.executable, args=["-m", "service.cli", "mcp", "--url", server.base, "--token", token],
+        command=sys.executable, args=["-m", "taskledger.service.cli", "mcp", "--url", server.base, "--token", token],
         cwd=str(ROOT), env={"PATH": os.environ["PATH"]}))
 
 
@@ -146,7 +146,7 @@ def test_mcp_over_streamable_http(server: ServerProcess) -> None:
 
     port = free_port()
     token = server.token("reader")
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "mcp", "--http", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "taskledger.service.cli", "mcp", "--http", "--port", str(port),
                              "--url", server.base, "--token", token], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
@@ -172,6 +172,6 @@ def test_mcp_over_streamable_http(server: ServerProcess) -> None:
 
 def test_mcp_without_a_token_says_what_it_needs() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TASKLEDGER_TOKEN"}
-    out = subprocess.run([sys.executable, "-m", "service.cli", "mcp"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=60, check=False)
+    out = subprocess.run([sys.executable, "-m", "taskledger.service.cli", "mcp"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 2 and "TASKLEDGER_TOKEN" in out.stderr

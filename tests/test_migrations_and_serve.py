@@ -14,8 +14,8 @@ import asyncpg
 import httpx
 import pytest
 
-from service.embedded import with_database
-from service.migrate import migrate, migration_files
+from taskledger.service.ops.embedded import with_database
+from taskledger.service.ops.migrate import migrate, migration_files
 from tests.conftest import ServerProcess, _drop, create_database
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.openapi import render
+from taskledger.service.http.openapi import render
 
 COMMITTED = Path(__file__).resolve().parent.parent / "openapi" / "openapi.json"
 

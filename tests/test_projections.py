@@ -11,9 +11,9 @@ import asyncpg
 import httpx
 import pytest
 
-from projections import framework
-from projections import tasks as tasks_view
-from service.cli import main as cli
+from taskledger.projections import framework
+from taskledger.projections import tasks as tasks_view
+from taskledger.service.cli.main import main as cli
 from tests.conftest import AppHarness, Client, ServerProcess
 from tests.flows import claim, complete_verify, create_task, make, project
 

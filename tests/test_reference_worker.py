@@ -12,7 +12,7 @@ from tests.conftest import ROOT, ServerProcess
 
 def run_worker(server: ServerProcess, token: str, *extra: str) -> str:
     env = dict(os.environ, TASKLEDGER_URL=server.base, TASKLEDGER_TOKEN=token)
-    out = subprocess.run([sys.executable, "-m", "service.cli", "worker", "--once", *extra],
+    out = subprocess.run([sys.executable, "-m", "taskledger.service.cli", "worker", "--once", *extra],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     return out.stdout

@@ -23,11 +23,11 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
-from events import store
-from events.store import NewEvent
-from service.embedded import start_embedded, with_database
-from service.live import APPLICATION_NAME, Filter, Hub
-from service.migrate import migrate
+from taskledger.events import store
+from taskledger.events.store import NewEvent
+from taskledger.service.http.live import APPLICATION_NAME, Filter, Hub
+from taskledger.service.ops.embedded import start_embedded, with_database
+from taskledger.service.ops.migrate import migrate
 from tests.conftest import ADMIN_TOKEN, ROOT, ServerProcess, _drop, fresh_database
 
 SERVER_ENV = {
@@ -537,7 +537,7 @@ async def test_tail_prints_one_json_event_a_line_and_resumes_across_a_server_res
     s = await asyncio.to_thread(ServerProcess(db_url).start)
     await append(pool, "task:t0", 2, project="a")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "service.cli", "tail", "--url", s.base, "--token", ADMIN_TOKEN,
+        sys.executable, "-m", "taskledger.service.cli", "tail", "--url", s.base, "--token", ADMIN_TOKEN,
         "--since-seq", "1", "--types", "task.", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     try:

@@ -23,10 +23,15 @@ import asyncpg
 import httpx
 import pytest
 
-from events import store
-from events.store import NewEvent
-from service.server_limits import RESERVED_FILES, fit_to_open_files, raise_open_files_limit, server_concurrency
-from service.settings import Settings
+from taskledger.events import store
+from taskledger.events.store import NewEvent
+from taskledger.service.http.server_limits import (
+    RESERVED_FILES,
+    fit_to_open_files,
+    raise_open_files_limit,
+    server_concurrency,
+)
+from taskledger.service.settings import Settings
 from tests import test_sse
 from tests.conftest import ADMIN_TOKEN, ServerProcess
 

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from events.task.events import (
+from taskledger.events.task.events import (
     RequirementVerdict,
     RoundRecord,
     TaskBlocked,
@@ -42,7 +42,7 @@ from events.task.events import (
     VerdictRecord,
     Verification,
 )
-from events.task.state import TaskState, evolve
+from taskledger.events.task.state import TaskState, evolve
 
 THEN = "2026-11-23T00:00:00.000000Z"
 PASS = VerdictRecord(checker="a", verifier_task_id="Va", outcome="PASS", node="n2", worker="w2", token_id="t2")

@@ -25,9 +25,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from events.errors import DomainError, InvalidTransition, LeaseMismatch
-from events.task import state as task_state
-from events.task.events import (
+from taskledger.events.errors import DomainError, InvalidTransition, LeaseMismatch
+from taskledger.events.task import state as task_state
+from taskledger.events.task.events import (
     Requirement,
     RequirementVerdict,
     TaskBlocked,
@@ -39,9 +39,9 @@ from events.task.events import (
     Verification,
     event_type,
 )
-from events.task.panel import Verdict, decide_complete, decide_unblock, decide_verifier_complete
-from events.task.rounds import Review, decide_round_review
-from events.task.rules import (
+from taskledger.events.task.panel import Verdict, decide_complete, decide_unblock, decide_verifier_complete
+from taskledger.events.task.rounds import Review, decide_round_review
+from taskledger.events.task.rules import (
     Claim,
     NewTask,
     check_heartbeat,
@@ -53,7 +53,7 @@ from events.task.rules import (
     decide_release,
     decide_start,
 )
-from events.task.state import TaskState
+from taskledger.events.task.state import TaskState
 from tests.task_world import NOW, World, holder_of, who
 
 NODES = ["n1", "n2", "n3"]

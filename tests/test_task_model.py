@@ -7,9 +7,9 @@ from datetime import timedelta
 import msgspec
 import pytest
 
-from events.errors import AlreadyExists, InvalidTransition, LeaseMismatch, ValidationFailed
-from events.lease import Holder
-from events.task.events import (
+from taskledger.events.errors import AlreadyExists, InvalidTransition, LeaseMismatch, ValidationFailed
+from taskledger.events.lease import Holder
+from taskledger.events.task.events import (
     CheckerReport,
     Requirement,
     RequirementVerdict,
@@ -35,9 +35,9 @@ from events.task.events import (
     Verification,
     decode,
 )
-from events.task.panel import Verdict, decide_unblock, decide_verifier_complete, panel_outcome
-from events.task.rounds import Review, decide_round_check, decide_round_review
-from events.task.rules import (
+from taskledger.events.task.panel import Verdict, decide_unblock, decide_verifier_complete, panel_outcome
+from taskledger.events.task.rounds import Review, decide_round_check, decide_round_review
+from taskledger.events.task.rules import (
     CANCELLABLE,
     NewTask,
     decide_cancel,
@@ -50,7 +50,7 @@ from events.task.rules import (
     decide_start,
     refuse_expired_lease,
 )
-from events.task.state import STATES, TaskState, fold
+from taskledger.events.task.state import STATES, TaskState, fold
 from tests.task_world import NOW, World, holder_of, panel, types, who
 
 R1 = [Requirement(id="R1")]
@@ -220,7 +220,7 @@ def test_no_blocked_verdict_is_ignored_even_beside_a_fail() -> None:
 
 
 def test_panel_outcome_is_the_first_matching_row() -> None:
-    from events.task.events import VerdictRecord
+    from taskledger.events.task.events import VerdictRecord
 
     def r(o: str, c: str | None = None) -> VerdictRecord:
         return VerdictRecord(checker="x", verifier_task_id="v", outcome=o, category=c)  # type: ignore[arg-type]

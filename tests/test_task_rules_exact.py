@@ -11,9 +11,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from events.errors import AlreadyExists, DomainError, InvalidTransition, LeaseMismatch, ValidationFailed
-from events.lease import Holder
-from events.task.events import (
+from taskledger.events.errors import AlreadyExists, DomainError, InvalidTransition, LeaseMismatch, ValidationFailed
+from taskledger.events.lease import Holder
+from taskledger.events.task.events import (
     CheckerReport,
     Requirement,
     RequirementVerdict,
@@ -45,7 +45,7 @@ from events.task.events import (
     VerdictRecord,
     Verification,
 )
-from events.task.panel import (
+from taskledger.events.task.panel import (
     Verdict,
     decide_complete,
     decide_unblock,
@@ -55,7 +55,7 @@ from events.task.panel import (
     verifier_ids,
     verifier_tasks,
 )
-from events.task.reactions import (
+from taskledger.events.task.reactions import (
     Around,
     cancelled_task_cancels_its_open_verifiers_and_subtasks,
     children_of,
@@ -63,7 +63,7 @@ from events.task.reactions import (
     last_terminal_subtask_opens_the_review,
     reopened_subtask_reopens_its_round,
 )
-from events.task.rounds import (
+from taskledger.events.task.rounds import (
     Review,
     decide_round_check,
     decide_round_reopen,
@@ -72,7 +72,7 @@ from events.task.rounds import (
     round_outcome,
     validate_review,
 )
-from events.task.rules import (
+from taskledger.events.task.rules import (
     Claim,
     NewTask,
     check_heartbeat,
@@ -90,7 +90,7 @@ from events.task.rules import (
     escalate_at,
     validate_new_task,
 )
-from events.task.state import TaskState, evolve
+from taskledger.events.task.state import TaskState, evolve
 from tests.task_world import AT, NOW, World, holder_of, panel
 
 

@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from service.app import create_app
-from service.logs import ContextFilter, JsonFormatter
+from taskledger.service.http.app import create_app
+from taskledger.service.logs import ContextFilter, JsonFormatter
 from tests.conftest import ADMIN_TOKEN, ServerProcess, settings_for
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -111,10 +111,10 @@ def test_a_revocation_reaches_every_replica_within_a_second_and_ends_its_streams
         other = a.token("reader")
         with a.client() as admin:
             oid = next(t["id"] for t in admin.get("/tokens").json()["tokens"] if t["revoked_at"] is None)
-        out = subprocess.run([sys.executable, "-m", "service.cli", "token", "revoke", oid, "--database-url",
+        out = subprocess.run([sys.executable, "-m", "taskledger.service.cli", "token", "revoke", oid, "--database-url",
                               db_url], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
         assert out.returncode == 0 and f"revoked token {oid}" in out.stdout, out.stderr
-        listed = subprocess.run([sys.executable, "-m", "service.cli", "token", "list", "--json",
+        listed = subprocess.run([sys.executable, "-m", "taskledger.service.cli", "token", "list", "--json",
                                  "--database-url", db_url], cwd=ROOT, capture_output=True, text=True, timeout=60,
                                 check=False)
         assert listed.returncode == 0 and secret not in listed.stdout and other not in listed.stdout
@@ -141,7 +141,7 @@ def test_the_reference_worker_and_runner_hide_taskledger_credentials_from_comman
     env = dict(os.environ, TASKLEDGER_URL=server.base, TASKLEDGER_TOKEN=worker,
                TASKLEDGER_DATABASE_URL="postgresql://secret@db/x", TASKLEDGER_ADMIN_TOKEN=ADMIN_TOKEN)
     for prog in ("worker", "runner"):
-        out = subprocess.run([sys.executable, "-m", "service.cli", prog, "--once"], cwd=ROOT, env=env,
+        out = subprocess.run([sys.executable, "-m", "taskledger.service.cli", prog, "--once"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=120, check=False)
         assert out.returncode == 0, out.stderr
     for seen in (seen_by_spec, seen_by_job):

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from litestar.testing import AsyncTestClient
 
-from events.task.events import Requirement
-from events.task.state import TaskState
-from service.app import create_app
-from service.webhook_delivery import backoff, issue_for, sign
+from taskledger.events.task.events import Requirement
+from taskledger.events.task.state import TaskState
+from taskledger.service.http.app import create_app
+from taskledger.service.ops.webhooks import backoff, issue_for, sign
 from tests import flows
 from tests.conftest import AppHarness, free_port, settings_for
 

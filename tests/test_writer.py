@@ -7,9 +7,9 @@ import asyncio
 import asyncpg
 import pytest
 
-from events.errors import InvalidTransition
-from events.store import NewEvent
-from service.writer import UnitOfWork, Writer
+from taskledger.events.errors import InvalidTransition
+from taskledger.events.store import NewEvent
+from taskledger.service.writer.engine import UnitOfWork, Writer
 
 
 def cmd(stream: str, *, then: Exception | None = None, before: Exception | None = None):  # type: ignore[no-untyped-def]

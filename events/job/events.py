@@ -9,7 +9,7 @@ from typing import Any, Final
 
 import msgspec
 
-from events.errors import ValidationFailed
+from taskledger.events.errors import ValidationFailed
 
 
 class JobEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):

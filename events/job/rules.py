@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from events.errors import InvalidTransition, JobAlreadyCancelled, ValidationFailed
-from events.job.events import (
+from taskledger.events.errors import InvalidTransition, JobAlreadyCancelled, ValidationFailed
+from taskledger.events.job.events import (
     Actor,
     AnyJobEvent,
     JobCacheHit,
@@ -29,8 +29,8 @@ from events.job.events import (
     JobStageChanged,
     JobStarted,
 )
-from events.job.state import ACTIVE, STAGES, JobState, elapsed, epoch, eta, rounded
-from events.lease import Holder, Lease, check_holder
+from taskledger.events.job.state import ACTIVE, STAGES, JobState, elapsed, epoch, eta, rounded
+from taskledger.events.lease import Holder, Lease, check_holder
 
 FinishStatus = Literal["completed", "failed", "cancelled"]
 

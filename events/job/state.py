@@ -24,7 +24,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from events.job.events import (
+from taskledger.events.job.events import (
     Actor,
     AnyJobEvent,
     JobCacheHit,

@@ -11,9 +11,9 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from events.errors import InvalidTransition, ValidationFailed
-from events.lease import Holder
-from events.task.events import (
+from taskledger.events.errors import InvalidTransition, ValidationFailed
+from taskledger.events.lease import Holder
+from taskledger.events.task.events import (
     DEFAULT_CHECKER,
     VERIFIER_ESTIMATED_MINUTES,
     VERIFIER_PRIORITY,
@@ -36,8 +36,8 @@ from events.task.events import (
     Unmet,
     VerdictRecord,
 )
-from events.task.rules import Changes, check_lease
-from events.task.state import TaskState
+from taskledger.events.task.rules import Changes, check_lease
+from taskledger.events.task.state import TaskState
 
 PanelOutcome = Literal["blocked", "rejected", "reverify", "verified"]
 HUMAN: Final[frozenset[Category]] = frozenset({"environment", "info_missing"})

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final, Literal, NamedTuple
 
-from events.task.events import TaskCancelled
-from events.task.panel import synthesized_blocked_verdict
-from events.task.rounds import decide_round_check, decide_round_reopen
-from events.task.rules import CANCELLABLE, Changes
-from events.task.state import TERMINAL_FOR_ROUND, TaskState
+from taskledger.events.task.events import TaskCancelled
+from taskledger.events.task.panel import synthesized_blocked_verdict
+from taskledger.events.task.rounds import decide_round_check, decide_round_reopen
+from taskledger.events.task.rules import CANCELLABLE, Changes
+from taskledger.events.task.state import TERMINAL_FOR_ROUND, TaskState
 
 Needs = Literal["parent", "round", "children"]
 """What a reaction is given besides the task:

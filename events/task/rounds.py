@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from events.errors import AlreadyExists, InvalidTransition, ValidationFailed
-from events.task.events import (
+from taskledger.events.errors import AlreadyExists, InvalidTransition, ValidationFailed
+from taskledger.events.task.events import (
     Decision,
     TaskClosed,
     TaskEvent,
@@ -21,8 +21,8 @@ from events.task.events import (
     TaskRoundReviewed,
     TaskSubtaskAdded,
 )
-from events.task.rules import Changes, NewTask, task_created, validate_new_task
-from events.task.state import CANCELLED_STATES, DONE_STATES, FAILED_STATES, TERMINAL_FOR_ROUND, TaskState
+from taskledger.events.task.rules import Changes, NewTask, task_created, validate_new_task
+from taskledger.events.task.state import CANCELLED_STATES, DONE_STATES, FAILED_STATES, TERMINAL_FOR_ROUND, TaskState
 
 
 class Review(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,10 +14,10 @@ from typing import Final
 
 import msgspec
 
-from events.canonical import format_ts
-from events.errors import AlreadyExists, InvalidTransition, LeaseMismatch, ValidationFailed
-from events.lease import Holder, Lease, check_holder
-from events.task.events import (
+from taskledger.events.canonical import format_ts
+from taskledger.events.errors import AlreadyExists, InvalidTransition, LeaseMismatch, ValidationFailed
+from taskledger.events.lease import Holder, Lease, check_holder
+from taskledger.events.task.events import (
     Requirement,
     TaskCancelled,
     TaskClaimed,
@@ -36,7 +36,7 @@ from events.task.events import (
     TaskType,
     Verification,
 )
-from events.task.state import LEASED, StateName, TaskState
+from taskledger.events.task.state import LEASED, StateName, TaskState
 
 Changes = list[tuple[str, list[TaskEvent]]]
 """Events to append, per task stream, in order."""

@@ -7,7 +7,7 @@ from typing import Any, Final, Literal, get_args
 
 import msgspec
 
-from events.task.events import (
+from taskledger.events.task.events import (
     Category,
     Outcome,
     Requirement,

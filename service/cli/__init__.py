@@ -1,0 +1,1 @@
+"""The `taskledger` command line."""

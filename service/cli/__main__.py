@@ -1,0 +1,5 @@
+import sys
+
+from taskledger.service.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,238 @@
+"""`taskledger worker`: the reference worker.
+
+It claims tasks with its token (the node is the token's), runs an implement
+task's `spec` as a shell command, and for a verify task runs each requirement's
+`check` command (exit 0 = PASS). While a command runs it heartbeats; if the
+lease is lost it kills the command and reports nothing.
+
+A requirement without a `check` cannot be judged by a program, so a verify
+task with such a requirement (and no failing check) is reported BLOCKED with
+category `info_missing`, never a PASS nobody checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from taskledger.service.cli.main import add_client_flags, command_env
+
+TAIL = 4000
+
+
+class LeaseLost(Exception):
+    pass
+
+
+class Worker:
+    def __init__(self, url: str, token: str, *, task_types: list[str], projects: list[str] | None,
+                 lease_seconds: int, command_timeout: float, out: Any = sys.stdout) -> None:
+        self.http = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        self.task_types = task_types
+        self.projects = projects
+        self.lease_seconds = lease_seconds
+        self.command_timeout = command_timeout
+        self.out = out
+
+    def say(self, **fields: Any) -> None:
+        print(json.dumps(fields), file=self.out, flush=True)
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def claim(self) -> dict[str, Any] | None:
+        body: dict[str, Any] = {"task_types": self.task_types, "lease_seconds": self.lease_seconds}
+        if self.projects:
+            body["projects"] = self.projects
+        r = await self.http.post("/tasks/claim", json=body)
+        if r.status_code == 204:
+            return None
+        r.raise_for_status()
+        task: dict[str, Any] = r.json()
+        return task
+
+    async def claim_many(self, n: int) -> list[dict[str, Any]]:
+        """Up to `n` tasks in one call, each with its own lease."""
+        if n == 1:
+            one = await self.claim()
+            return [one] if one is not None else []
+        body: dict[str, Any] = {"task_types": self.task_types, "lease_seconds": self.lease_seconds, "max": n}
+        if self.projects:
+            body["projects"] = self.projects
+        r = await self.http.post("/tasks/claim/batch", json=body)
+        r.raise_for_status()
+        tasks: list[dict[str, Any]] = r.json()["tasks"]
+        return tasks
+
+    async def post(self, task: dict[str, Any], action: str, **body: Any) -> httpx.Response:
+        return await self.http.post(f"/tasks/{task['id']}/{action}", json={"lease_id": task["lease_id"], **body})
+
+    async def run_command(self, task: dict[str, Any], command: str) -> tuple[int, str, float]:
+        """Run `command` with the shell while heartbeating; returns (exit code, output tail, seconds)."""
+        # A verifier's checks learn which checker of the panel they run for (so a
+        # panel's checkers can differ) and whose work they judge.
+        env = command_env(TASKLEDGER_TASK_ID=task["id"], TASKLEDGER_ATTEMPT=str(task.get("attempt", 1)),
+                          TASKLEDGER_TASK_TYPE=task.get("task_type") or "implement",
+                          TASKLEDGER_CHECKER=task.get("checker") or "",
+                          TASKLEDGER_PARENT_TASK_ID=task.get("parent_task_id") or "",
+                          TASKLEDGER_NOTES=task.get("operator_notes") or "",
+                          TASKLEDGER_REWORK_NOTES=json.dumps(task.get("rework_notes") or []))
+        start = time.monotonic()
+        proc = await asyncio.create_subprocess_shell(
+            command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
+            start_new_session=True)
+        beat = asyncio.create_task(self._heartbeat(task))
+        done = asyncio.create_task(proc.communicate())
+        try:
+            finished, _ = await asyncio.wait({beat, done}, timeout=self.command_timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+            if done not in finished:
+                _kill(proc)
+                await done
+                if beat in finished and beat.exception() is not None:
+                    raise LeaseLost(str(beat.exception()))
+                return 124, f"timed out after {self.command_timeout}s", time.monotonic() - start
+            stdout, _ = done.result()
+            text = (stdout or b"").decode("utf-8", "replace")[-TAIL:]
+            return int(proc.returncode or 0), text, time.monotonic() - start
+        finally:
+            beat.cancel()
+            if proc.returncode is None:
+                _kill(proc)
+
+    async def _heartbeat(self, task: dict[str, Any]) -> None:
+        interval = max(1.0, self.lease_seconds / 3)
+        while True:
+            await asyncio.sleep(interval)
+            r = await self.post(task, "heartbeat")
+            if r.status_code == 409:
+                raise LeaseLost(r.json().get("detail", "lease lost"))
+
+    async def work_one(self, task: dict[str, Any]) -> None:
+        r = await self.post(task, "start")
+        if r.status_code != 200:
+            self.say(task=task["id"], event="start_refused", status=r.status_code, detail=r.text[:300])
+            return
+        try:
+            if task["task_type"] == "verify":
+                await self._verify(task)
+            else:
+                await self._implement(task)
+        except LeaseLost as e:
+            self.say(task=task["id"], event="lease_lost", detail=str(e))
+
+    async def _implement(self, task: dict[str, Any]) -> None:
+        spec = task.get("spec") or ""
+        if not spec.strip():
+            r = await self.post(task, "fail", error="the task has no spec to run")
+            self.say(task=task["id"], event="failed", reason="empty spec", status=r.status_code)
+            return
+        code, output, seconds = await self.run_command(task, spec)
+        if code == 0:
+            r = await self.post(task, "complete", result={"exit_code": 0, "output": output,
+                                                         "duration": round(seconds, 3)})
+            self.say(task=task["id"], event="completed", status=r.status_code,
+                     state=r.json().get("state") if r.status_code == 200 else None)
+        else:
+            r = await self.post(task, "fail", error=f"exit {code}: {output[-1000:]}")
+            self.say(task=task["id"], event="failed", exit_code=code, status=r.status_code)
+
+    async def _verify(self, task: dict[str, Any]) -> None:
+        verdicts: list[dict[str, Any]] = []
+        unchecked: list[str] = []
+        for req in task.get("requirements") or []:
+            check = req.get("check")
+            if not check:
+                unchecked.append(req["id"])
+                continue
+            code, output, seconds = await self.run_command(task, check)
+            verdicts.append({
+                "requirement_id": req["id"], "verdict": "PASS" if code == 0 else "FAIL",
+                "reason": f"`{check}` exited {code} in {seconds:.2f}s" + (f": {output[-500:]}" if code else ""),
+            })
+        body: dict[str, Any] = {"verdicts": verdicts}
+        if any(v["verdict"] == "FAIL" for v in verdicts):
+            body["outcome"] = "FAIL"
+        elif unchecked or not task.get("requirements"):
+            body["outcome"], body["category"] = "BLOCKED", "info_missing"
+            body["result"] = {"unchecked_requirements": unchecked,
+                              "reason": "requirements without a check command cannot be judged here"}
+        else:
+            body["outcome"] = "PASS"
+        r = await self.post(task, "complete", **body)
+        self.say(task=task["id"], event="verified", outcome=body["outcome"], status=r.status_code)
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def run_worker(args: argparse.Namespace) -> int:
+    if not args.token:
+        print("a token is needed: --token or TASKLEDGER_TOKEN", file=sys.stderr)
+        return 2
+    types = [t.strip() for t in args.types.split(",") if t.strip()]
+    projects = [p.strip() for p in args.projects.split(",") if p.strip()] if args.projects else None
+    w = Worker(args.url, args.token, task_types=types, projects=projects, lease_seconds=args.lease_seconds,
+               command_timeout=args.command_timeout)
+    slots = max(1, args.concurrency)
+    running: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            claimed: list[dict[str, Any]] = []
+            if len(running) < slots:
+                try:
+                    claimed = await w.claim_many(slots - len(running))
+                except httpx.HTTPError as e:
+                    if args.once and not running:
+                        print(f"claim failed: {e}", file=sys.stderr)
+                        return 1
+            for task in claimed:
+                w.say(task=task["id"], event="claimed", task_type=task["task_type"], attempt=task.get("attempt"))
+                running.add(asyncio.create_task(w.work_one(task)))
+            if not running:
+                if args.once:
+                    return 0
+                await asyncio.sleep(args.poll)
+                continue
+            if claimed and len(running) < slots:
+                continue
+            # every slot is busy, or nothing more to claim now: wait for a slot (or poll again)
+            _, pending = await asyncio.wait(running, timeout=None if len(running) >= slots or args.once
+                                            else args.poll, return_when=asyncio.FIRST_COMPLETED)
+            for t in running - pending:
+                t.result()
+            running = set(pending)
+    finally:
+        for t in running:
+            t.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        await w.close()
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    return asyncio.run(run_worker(args))
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("worker", help="reference worker: claim tasks and run their commands")
+    add_client_flags(p)
+    p.add_argument("--once", action="store_true", help="exit when nothing is left to claim")
+    p.add_argument("--types", default="implement,verify", help="task types to claim (comma list)")
+    p.add_argument("--projects", default=None, help="only these projects (comma list)")
+    p.add_argument("--lease-seconds", type=int, default=60)
+    p.add_argument("--command-timeout", type=float, default=3600.0)
+    p.add_argument("--poll", type=float, default=1.0, help="seconds between claims when idle")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="tasks worked on at once; more than 1 claims them in batches (POST /tasks/claim/batch)")
+    p.set_defaults(func=cmd_worker)

@@ -1,0 +1,1 @@
+"""The HTTP program: the Litestar app, its routes, authentication and problem answers."""

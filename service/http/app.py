@@ -1,0 +1,211 @@
+"""The one app factory: `create_app(settings) -> Litestar`."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import re
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+from litestar import Litestar, Request
+from litestar.datastructures import State
+from litestar.exceptions import ValidationException
+from litestar.middleware.base import DefineMiddleware
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
+
+from taskledger.service.background import cancel_all
+from taskledger.service.http import openapi_docs
+from taskledger.service.http.auth import PUBLIC_PATHS, AuthMiddleware, TokenStore
+from taskledger.service.http.metrics import Metrics
+from taskledger.service.http.problems import exception_handlers
+from taskledger.service.http.telemetry import Tracing, request_middleware
+from taskledger.service.ops.migrate import migrate
+from taskledger.service.settings import Settings
+from taskledger.service.writer.engine import Writer
+
+log = logging.getLogger("taskledger")
+
+# JSON strings cannot carry U+0000 into jsonb; an escaped NUL is refused up front
+# (an even run of backslashes before it is an escaped backslash, not an escape).
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+MAX_JSON_DEPTH = 64
+# Everything but the bytes that open, close or quote: what is left of a body is
+# short, and walking it finds the nesting depth without decoding anything.
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"\\')
+
+
+# Resource modules: each has ROUTES, and may have startup(app) / shutdown(app).
+_MODULES: Sequence[str] = (
+    "taskledger.service.http.routes.system",
+    "taskledger.service.http.routes.tasks",
+    "taskledger.service.http.routes.task_batches",
+    "taskledger.service.http.routes.jobs",
+    "taskledger.service.http.routes.streams",
+    "taskledger.service.http.routes.admin",
+    "taskledger.service.http.routes.dashboard",
+    "taskledger.service.http.routes.webhooks",
+)
+
+
+def _modules() -> list[Any]:
+    return [importlib.import_module(name) for name in _MODULES]
+
+
+def _flatten(handlers: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for h in handlers:
+        if isinstance(h, list | tuple):
+            out.extend(h)
+        else:
+            out.append(h)
+    return out
+
+
+def json_depth(body: bytes) -> int:
+    """How deeply arrays and objects nest in `body` (brackets inside strings do not count)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for b in body.translate(None, _NOT_STRUCTURE):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif b == 0x5C:  # backslash
+                escaped = True
+            elif b == 0x22:
+                in_string = False
+        elif b == 0x22:
+            in_string = True
+        elif b in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif b in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+async def _reject_bad_input(request: Request[Any, Any, Any]) -> None:
+    """Input no handler can store, refused before any handler runs: a NUL in the
+    query (PostgreSQL text cannot hold one), a body that is not UTF-8, a NUL in a
+    JSON string, or JSON nested deeper than MAX_JSON_DEPTH (the decoder and the
+    canonical JSON of the hash chain are recursive)."""
+    qs = request.scope.get("query_string", b"")
+    if b"%00" in qs or b"\x00" in qs:
+        raise ValidationException("query parameters may not contain NUL (%00)")
+    if request.method in ("POST", "PUT", "PATCH", "DELETE"):
+        body = await request.body()
+        if not body:
+            return
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValidationException(f"the body is not valid UTF-8 (byte {e.start})") from e
+        if _NUL_ESCAPE.search(body):
+            raise ValidationException("strings may not contain U+0000")
+        if json_depth(body) > MAX_JSON_DEPTH:
+            raise ValidationException(f"JSON may nest at most {MAX_JSON_DEPTH} levels deep")
+
+
+Hook = Callable[[Litestar], Any]
+
+
+def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = (), tracer_provider: Any = None) -> Litestar:
+    """`tracer_provider` (an OpenTelemetry SDK one) turns tracing on as
+    `settings.otel` does, with that provider instead of one from OTEL_*."""
+    if not settings.database_url:
+        raise ValueError("create_app needs settings.database_url")
+    dsn = settings.database_url
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        state = app.state
+        if settings.migrate_on_start:
+            conn = await asyncpg.connect(dsn)
+            try:
+                await migrate(conn)
+            finally:
+                await conn.close()
+        state.pool = await asyncpg.create_pool(
+            dsn, min_size=settings.pool_min, max_size=settings.pool_max
+        )
+        if tracing is not None:
+            tracing.start()
+        state.tokens = TokenStore(state.pool, settings.admin_token)
+        listeners: list[Callable[[int], None]] = []
+        state.commit_listeners = listeners
+
+        def on_commit(head: int) -> None:
+            for fn in listeners:
+                fn(head)
+
+        state.writer = Writer(dsn, batch_max=settings.batch_max, queue_max=settings.writer_queue_max,
+                              metrics=state.metrics, on_commit=on_commit)
+        await state.writer.start()
+        state.metrics.gauge("writer_queue_depth", lambda: state.writer.queue_depth)
+        background: list[asyncio.Task[Any]] = [
+            asyncio.create_task(state.tokens.run(), name="taskledger-token-revalidation")]
+        state.background = background
+        for hook in [*(getattr(m, "startup", None) for m in modules), *extra_startup]:
+            if hook is None:
+                continue
+            res = hook(app)
+            if asyncio.iscoroutine(res):
+                await res
+        try:
+            yield
+        finally:
+            for fn in reversed([getattr(m, "shutdown", None) for m in modules]):
+                if fn is None:
+                    continue
+                res = fn(app)
+                if asyncio.iscoroutine(res):
+                    await res
+            await cancel_all(background)
+            await state.writer.stop()
+            try:
+                # graceful: waits for every acquired connection to come back; a
+                # task cancelled inside acquire() can leave one out for good
+                await asyncio.wait_for(state.pool.close(), 5)
+            except TimeoutError:
+                log.warning("the connection pool did not close in 5 s; terminating it")
+                state.pool.terminate()
+            if tracing is not None:
+                tracing.stop()
+
+    metrics = Metrics(cache_seconds=settings.metrics_cache_seconds)
+    tracing = Tracing(tracer_provider) if settings.otel or tracer_provider is not None else None
+    modules = _modules()
+    state = State({"settings": settings, "metrics": metrics, "extra_authenticators": []})
+    handlers = _flatten([m.ROUTES for m in modules])
+    app = Litestar(
+        route_handlers=handlers,
+        lifespan=[lifespan],
+        state=state,
+        exception_handlers=exception_handlers,
+        before_request=_reject_bad_input,
+        middleware=[
+            request_middleware(metrics),
+            DefineMiddleware(AuthMiddleware, exclude=[f"^{p}" for p in PUBLIC_PATHS] + ["^/$", "^/static/", "^/ui/"]),
+        ],
+        request_max_body_size=settings.max_body_bytes,
+        plugins=[] if tracing is None else [tracing.plugin],
+        logging_config=None,  # service.logs configures logging once per process; Litestar would redo the root
+        openapi_config=OpenAPIConfig(
+            title="taskledger",
+            version="0.1.0",
+            description="Event-sourced maker-checker workflow service.",
+            path="/schema",
+            render_plugins=[],
+            components=Components(
+                security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}
+            ),
+            security=[{"bearer": []}],
+        ),
+        debug=False,
+    )
+    openapi_docs.install(app)
+    return app

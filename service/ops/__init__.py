@@ -1,0 +1,1 @@
+"""Operations: the embedded PostgreSQL, schema migrations, signing keys and background deliveries."""

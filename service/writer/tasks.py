@@ -1,0 +1,537 @@
+"""Task commands: load states, ask the pure model, append, fold, save the views.
+
+Each public function here is a writer command (it runs inside a batch
+transaction through a UnitOfWork) and returns the view(s) after the command.
+Nothing here decides: the rules are in `events.task`; the rules that span tasks
+are the reactions of `events.task.reactions.REACTIONS`, which `Session.settle`
+runs in the same transaction as the change that triggered them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from taskledger.events.canonical import format_ts
+from taskledger.events.errors import (
+    AlreadyExists,
+    DomainError,
+    Forbidden,
+    InvalidTransition,
+    LeaseMismatch,
+    TaskNotFound,
+    ValidationFailed,
+)
+from taskledger.events.lease import Holder
+from taskledger.events.store import NewEvent
+from taskledger.events.task import events as codec
+from taskledger.events.task.events import TaskType, UnblockAction
+from taskledger.events.task.panel import Verdict, decide_complete, decide_unblock, decide_verifier_complete
+from taskledger.events.task.reactions import REACTIONS, Around, Reaction, children_of
+from taskledger.events.task.rounds import Review, decide_round_review, in_round
+from taskledger.events.task.rules import (
+    Changes,
+    Claim,
+    NewTask,
+    check_heartbeat,
+    decide_cancel,
+    decide_claim,
+    decide_collect,
+    decide_create,
+    decide_escalate,
+    decide_fail,
+    decide_lease_expired,
+    decide_reassign,
+    decide_release,
+    decide_start,
+    refuse_expired_lease,
+    validate_new_task,
+)
+from taskledger.events.task.state import TaskState
+from taskledger.projections import tasks as views
+from taskledger.service.writer.commands import Ctx
+from taskledger.service.writer.engine import Batch, UnitOfWork
+
+
+class _Pending:
+    """Task view writes buffered for the batch, written at its next flush."""
+
+    def __init__(self) -> None:
+        self.views: dict[str, TaskState] = {}
+        self.created: dict[str, int] = {}
+        self.blockers: dict[str, views.Blocker] = {}
+        self.leases_gone: set[str] = set()
+
+    async def flush(self, conn: Any) -> None:
+        if self.views:
+            states, self.views = list(self.views.values()), {}
+            created, self.created = self.created, {}
+            await views.save(conn, states, created)
+        if self.blockers:
+            blockers, self.blockers = list(self.blockers.values()), {}
+            await views.save_blockers(conn, blockers)
+        if self.leases_gone:
+            gone, self.leases_gone = sorted(self.leases_gone), set()
+            await conn.execute("DELETE FROM task_leases WHERE task_id = ANY($1::text[])", gone)
+
+
+def _pending(batch: Batch) -> _Pending:
+    cache = batch.kind("task_writes")
+    p = cache.get("pending")
+    if p is None:
+        p = cache["pending"] = _Pending()
+        batch.on_flush(p.flush)
+    assert isinstance(p, _Pending)
+    return p
+
+
+async def prefetch_tasks(batch: Batch, ids: list[str]) -> None:
+    """Load the tasks a batch's commands will need, in one query."""
+    cache = batch.kind("tasks")
+    missing = [i for i in ids if i not in cache]
+    if not missing:
+        return
+    rows = await batch.conn.fetch(
+        """SELECT t.id, t.body::text AS body, l.expires_at FROM tasks t
+           LEFT JOIN task_leases l ON l.task_id = t.id WHERE t.id = ANY($1::text[])""", missing)
+    found = {r["id"]: r for r in rows}
+    expiry = batch.kind("lease_expiry")
+    for i in missing:
+        r = found.get(i)
+        cache[i] = views.decode_state(r["body"]) if r is not None else None
+        expiry[i] = r["expires_at"] if r is not None else None
+
+
+def holder(ctx: Ctx, lease_id: str | None = None) -> Holder:
+    """The caller as a lease holder: its token, its name, its node."""
+    p = ctx.principal
+    if p.node is None:
+        raise Forbidden("claiming and reporting work needs a worker token bound to a node")
+    return Holder(worker=p.name, node=p.node, token_id=p.token_id or None, lease_id=lease_id)
+
+
+class Session:
+    """The task states a command works with. They live in the batch's cache, so
+    a command sees what earlier commands of the same batch did; changed views
+    and blockers are written when the batch flushes."""
+
+    def __init__(self, uow: UnitOfWork, ctx: Ctx) -> None:
+        self.uow = uow
+        self.ctx = ctx
+        self.states: dict[str, TaskState | None] = uow.batch.kind("tasks")
+        self._pending = _pending(uow.batch)
+
+    async def get(self, task_id: str) -> TaskState | None:
+        if task_id not in self.states:
+            self.states[task_id] = await views.load_one(self.uow.conn, task_id)
+        return self.states[task_id]
+
+    async def need(self, task_id: str) -> TaskState:
+        s = await self.get(task_id)
+        if s is None:
+            raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+        return s
+
+    async def many(self, ids: Sequence[str]) -> list[TaskState]:
+        missing = [i for i in ids if i not in self.states]
+        if missing:
+            found = await views.load(self.uow.conn, missing)
+            for i in missing:
+                self.states[i] = found.get(i)
+        return [s for i in ids if (s := self.states[i]) is not None]
+
+    def state(self, task_id: str) -> TaskState:
+        s = self.states[task_id]
+        assert s is not None
+        return s
+
+    def adopt(self, s: TaskState) -> TaskState:
+        """A state read by a query: the batch's own copy wins, if it has one."""
+        s = self.states.get(s.id) or s
+        self.states[s.id] = s
+        return s
+
+    async def lease_expiry(self, task_id: str) -> datetime | None:
+        known = self.uow.batch.kind("lease_expiry")
+        if task_id not in known:
+            known[task_id] = await self.uow.fetchval("SELECT expires_at FROM task_leases WHERE task_id = $1", task_id)
+        expires: datetime | None = known[task_id]
+        return expires
+
+    async def apply(self, changes: Changes) -> list[str]:
+        """Append each (task, events) group, fold it, and buffer the changed views."""
+        touched: list[str] = []
+        pending = self._pending
+        for task_id, events in changes:
+            if not events:
+                continue
+            s = self.states.get(task_id)
+            before = s
+            project = s.project if s is not None else getattr(events[0], "project", None)
+            recorded = await self.uow.append(
+                f"task:{task_id}",
+                [NewEvent(type=codec.event_type(e), data=codec.payload(e)) for e in events],
+                expected_version=s.version if s is not None else 0,
+                meta=self.ctx.meta(project=project),
+            )
+            for ev, rec in zip(events, recorded, strict=True):
+                if s is None:
+                    pending.created[task_id] = rec.seq
+                b = await self._blocker(s.blocker_id) if s is not None and s.blocker_id else None
+                s, nb = views.fold_one(s, b, ev, seq=rec.seq, version=rec.stream_seq, at=rec.recorded_at)
+                if nb is not None:
+                    pending.blockers[nb.id] = nb
+            assert s is not None
+            self.states[task_id] = pending.views[task_id] = s
+            if before is not None and before.lease_id is not None and s.lease_id is None:
+                pending.leases_gone.add(task_id)
+                self.uow.batch.kind("lease_expiry")[task_id] = None
+            if task_id not in touched:
+                touched.append(task_id)
+        return touched
+
+    async def _blocker(self, bid: str) -> views.Blocker | None:
+        b = self._pending.blockers.get(bid)
+        if b is None:
+            await self.uow.flush()
+            b = (await views.load_blockers(self.uow.conn, [bid])).get(bid)
+        return b
+
+    async def apply_and_settle(self, changes: Changes) -> list[str]:
+        touched = await self.apply(changes)
+        await self.settle(touched)
+        return touched
+
+    async def settle(self, touched: Sequence[str]) -> None:
+        """Run the reactions for every changed task until nothing more follows."""
+        queue = list(touched)
+        for _ in range(10_000):
+            if not queue:
+                return
+            s = self.state(queue.pop(0))
+            for reaction in REACTIONS:
+                if reaction.when(s):
+                    changes = reaction.react(s, await self.around(s, reaction))
+                    if changes:
+                        queue.extend(await self.apply(changes))
+                        s = self.state(s.id)
+        raise RuntimeError("task reactions did not settle")
+
+    async def around(self, s: TaskState, reaction: Reaction) -> Around:
+        """Load the neighbours a reaction needs."""
+        if reaction.needs == "children":
+            ids = list(s.verifier_task_ids)
+            if s.is_parent:
+                ids += [r["id"] for r in await self.uow.fetch(
+                    "SELECT id FROM tasks WHERE parent_task_id = $1 AND task_type <> 'verify'", s.id)]
+            return Around(others=children_of(s, await self.many(ids)))
+        parent = await self.get(s.parent_task_id) if s.parent_task_id else None
+        if reaction.needs == "parent" or parent is None:
+            return Around(parent=parent)
+        return Around(parent=parent, others=await self.round_of(parent))
+
+    async def round_of(self, parent: TaskState) -> list[TaskState]:
+        rows = await self.uow.fetch(
+            "SELECT id FROM tasks WHERE parent_task_id = $1 AND subtask_round = $2 AND task_type <> 'verify'",
+            parent.id, parent.round or 1)
+        known = [i for i, t in self.states.items() if t is not None and t.parent_task_id == parent.id]
+        return in_round(parent, await self.many(list(dict.fromkeys([*(r["id"] for r in rows), *known]))))
+
+
+async def create(uow: UnitOfWork, ctx: Ctx, t: NewTask, *, default_escalation: int) -> TaskState:
+    return (await create_many(uow, ctx, [t], default_escalation=default_escalation))[0]
+
+
+def at_index(i: int, e: DomainError) -> DomainError:
+    """The same refusal, naming the batch entry it is about (`errors[0].index`)."""
+    return type(e)(f"tasks[{i}]: {e.detail}", **{
+        **e.extra, "errors": [{"index": i, "code": e.code, "detail": e.detail}]})
+
+
+async def create_many(
+    uow: UnitOfWork, ctx: Ctx, ts: Sequence[NewTask], *, default_escalation: int, indexed: bool = False,
+) -> list[TaskState]:
+    """Create `ts` in order, all or nothing; with `indexed`, a refusal names the
+    index of the task it is about. What can be refused without writing is checked for every
+    task first, so a bad batch usually costs no write at all; a refusal found
+    later (a parent that cannot take sub-tasks) rolls the whole writer batch
+    back like any command that refuses after writing."""
+    ses = Session(uow, ctx)
+    seen: set[str] = set()
+    for i, t in enumerate(ts):
+        try:
+            validate_new_task(t)
+            if t.id in seen or await ses.get(t.id) is not None:
+                raise AlreadyExists(f"task {t.id} already exists", task_id=t.id)
+            if t.parent_task_id is not None and t.parent_task_id not in seen \
+                    and await ses.get(t.parent_task_id) is None:
+                raise ValidationFailed(f"parent task {t.parent_task_id} does not exist")
+        except DomainError as e:
+            raise (at_index(i, e) if indexed else e) from None
+        seen.add(t.id)
+    out = []
+    for i, t in enumerate(ts):
+        parent = await ses.get(t.parent_task_id) if t.parent_task_id else None
+        try:
+            changes = decide_create(None, t, parent, default_escalation=default_escalation)
+        except DomainError as e:
+            raise (at_index(i, e) if indexed else e) from None
+        await ses.apply_and_settle(changes)
+        out.append(ses.state(t.id))
+    return out
+
+
+_CLAIM_SQL = """
+SELECT body::text AS body FROM tasks
+WHERE state = 'pending' AND NOT is_parent
+  AND task_type = ANY($1::text[])
+  AND ($2::text[] IS NULL OR project = ANY($2::text[]))
+  AND (assignee IS NULL OR assignee = $3)
+  AND NOT ($4 = ANY(node_blacklist))
+  AND (task_type <> 'verify'
+       OR (maker_worker IS DISTINCT FROM $3 AND maker_node IS DISTINCT FROM $4))
+ORDER BY priority DESC, created_seq
+LIMIT 16
+"""
+
+
+def _claim_sql(projects: Sequence[str] | None, *, select: str = "body::text AS body", limit: int = 16) -> str:
+    """The claim query. With one project it says `project = ...` rather than
+    `= ANY(...)`, so PostgreSQL walks `tasks_claimable_by_project` in claim order
+    and stops at `limit`; `= ANY` would read every pending task of the project
+    and sort them (seconds for a 40,000-task backlog, inside the writer)."""
+    sql = _CLAIM_SQL.replace("SELECT body::text AS body", f"SELECT {select}")
+    sql = sql.replace("LIMIT 16", f"LIMIT {int(limit)}")
+    if projects is not None and len(projects) == 1:
+        sql = sql.replace("project = ANY($2::text[])", "project = ($2::text[])[1]")
+    return sql
+
+
+async def anything_to_claim(
+    pool: Any, ctx: Ctx, *, task_types: Sequence[str], projects: Sequence[str] | None
+) -> bool:
+    """A read outside the writer: is there a task this worker could claim now?
+
+    An idle worker polling for work then costs one indexed read instead of a
+    place in a write batch. A task that appears just after this read is found
+    by the worker's next poll; the claim itself always decides in the writer.
+    """
+    who = holder(ctx)
+    row = await pool.fetchval(
+        _claim_sql(projects, select="1", limit=1), list(task_types),
+        list(projects) if projects is not None else None, who.worker, who.node,
+    )
+    return row is not None
+
+
+async def claim(
+    uow: UnitOfWork, ctx: Ctx, *, task_types: Sequence[TaskType], projects: Sequence[str] | None,
+    lease_seconds: int,
+) -> TaskState | None:
+    got = await claim_many(uow, ctx, task_types=task_types, projects=projects, lease_seconds=lease_seconds,
+                           limit=1)
+    return got[0] if got else None
+
+
+async def claim_many(
+    uow: UnitOfWork, ctx: Ctx, *, task_types: Sequence[TaskType], projects: Sequence[str] | None,
+    lease_seconds: int, limit: int,
+) -> list[TaskState]:
+    """Claim up to `limit` tasks, in claim order, each with a lease of its own."""
+    who = holder(ctx)
+    rows = await uow.fetch(_claim_sql(projects, limit=limit + 15), list(task_types),
+                           list(projects) if projects is not None else None, who.worker, who.node)
+    ses = Session(uow, ctx)
+    claimed: list[TaskState] = []
+    for r in rows:
+        if len(claimed) >= limit:
+            break
+        s = ses.adopt(views.decode_state(r["body"]))
+        cmd = Claim(holder=msgspec.structs.replace(who, lease_id="L-" + uuid.uuid4().hex),
+                    lease_seconds=lease_seconds, task_types=task_types, projects=projects)
+        try:
+            events = decide_claim(s, cmd, uow.now)
+        except InvalidTransition:
+            continue
+        await ses.apply([(s.id, events)])
+        claimed.append(ses.state(s.id))
+    if not claimed:
+        return []
+    expiry = uow.batch.kind("lease_expiry")
+    leases = []
+    for c in claimed:
+        expires = datetime.fromisoformat((c.lease_expires_at or "").replace("Z", "+00:00"))
+        expiry[c.id] = expires
+        leases.append((c.id, c.lease_id, who.worker, who.node, who.token_id, lease_seconds, expires))
+    await uow.execute(
+        """INSERT INTO task_leases (task_id, lease_id, worker, node, token_id, lease_seconds, expires_at)
+           SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[],
+                                $7::timestamptz[])
+           ON CONFLICT (task_id) DO UPDATE SET lease_id = EXCLUDED.lease_id, worker = EXCLUDED.worker,
+               node = EXCLUDED.node, token_id = EXCLUDED.token_id, lease_seconds = EXCLUDED.lease_seconds,
+               expires_at = EXCLUDED.expires_at""",
+        *(list(col) for col in zip(*leases, strict=True)),
+    )
+    return claimed
+
+
+async def _leased(ses: Session, task_id: str, who: Holder) -> TaskState:
+    s = await ses.need(task_id)
+    refuse_expired_lease(s, who, await ses.lease_expiry(task_id), ses.uow.now)
+    return s
+
+
+async def start(uow: UnitOfWork, ctx: Ctx, task_id: str, *, lease_id: str) -> TaskState:
+    ses, who = Session(uow, ctx), holder(ctx, lease_id)
+    s = await _leased(ses, task_id, who)
+    await ses.apply([(task_id, decide_start(s, who))])
+    return ses.state(task_id)
+
+
+async def complete(
+    uow: UnitOfWork, ctx: Ctx, task_id: str, *, lease_id: str, result: Any, verdict: Verdict | None,
+) -> TaskState:
+    ses, who = Session(uow, ctx), holder(ctx, lease_id)
+    s = await _leased(ses, task_id, who)
+    if s.task_type == "verify":
+        if verdict is None:
+            raise ValidationFailed("completing a verify task needs an outcome (PASS, FAIL or BLOCKED)")
+        maker = await ses.get(s.parent_task_id) if s.parent_task_id else None
+        changes = decide_verifier_complete(s, maker, who, msgspec.structs.replace(verdict, result=result))
+    else:
+        if verdict is not None:
+            raise ValidationFailed("outcome, verdicts and category are for verify tasks")
+        changes = decide_complete(s, who, result)
+    await ses.apply_and_settle(changes)
+    return ses.state(task_id)
+
+
+async def fail(uow: UnitOfWork, ctx: Ctx, task_id: str, *, lease_id: str, error: str) -> TaskState:
+    ses, who = Session(uow, ctx), holder(ctx, lease_id)
+    s = await _leased(ses, task_id, who)
+    await ses.apply_and_settle([(task_id, decide_fail(s, who, error))])
+    return ses.state(task_id)
+
+
+async def release(uow: UnitOfWork, ctx: Ctx, task_id: str, *, lease_id: str, reason: str) -> TaskState:
+    ses, who = Session(uow, ctx), holder(ctx, lease_id)
+    s = await _leased(ses, task_id, who)
+    await ses.apply_and_settle([(task_id, decide_release(s, who, reason))])
+    return ses.state(task_id)
+
+
+async def heartbeat(pool: Any, ctx: Ctx, task_id: str, *, lease_id: str, lease_seconds: int | None) -> TaskState:
+    """Extends the lease without an event (a heartbeat changes no state)."""
+    who = holder(ctx, lease_id)
+    row = await pool.fetchrow(
+        """UPDATE task_leases SET expires_at = clock_timestamp()
+                                  + make_interval(secs => coalesce($4, lease_seconds))
+           WHERE task_id = $1 AND lease_id = $2 AND worker = $3 AND node IS NOT DISTINCT FROM $5
+             AND (token_id IS NULL OR token_id = $6) AND expires_at > clock_timestamp()
+           RETURNING expires_at""",
+        task_id, lease_id, who.worker, lease_seconds, who.node, who.token_id,
+    )
+    s = await views.load_one(pool, task_id)
+    if s is None:
+        raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
+    if row is None:
+        check_heartbeat(s, who)
+        raise LeaseMismatch(f"the lease on task {task_id} has expired", task_id=task_id)
+    return msgspec.structs.replace(s, lease_expires_at=format_ts(row["expires_at"]))
+
+
+async def cancel(uow: UnitOfWork, ctx: Ctx, task_id: str, *, reason: str) -> TaskState:
+    ses = Session(uow, ctx)
+    s = await ses.need(task_id)
+    await ses.apply_and_settle([(task_id, decide_cancel(s, reason, ctx.principal.name))])
+    return ses.state(task_id)
+
+
+async def reassign(uow: UnitOfWork, ctx: Ctx, task_id: str, *, assignee: str | None) -> TaskState:
+    ses = Session(uow, ctx)
+    s = await ses.need(task_id)
+    await ses.apply_and_settle([(task_id, decide_reassign(s, assignee, ctx.principal.name))])
+    return ses.state(task_id)
+
+
+async def unblock(uow: UnitOfWork, ctx: Ctx, task_id: str, *, action: UnblockAction, notes: str | None) -> TaskState:
+    ses = Session(uow, ctx)
+    s = await ses.need(task_id)
+    parent = await ses.get(s.parent_task_id) if s.parent_task_id else None
+    await ses.apply_and_settle(decide_unblock(s, action, notes, parent))
+    return ses.state(task_id)
+
+
+async def collect(uow: UnitOfWork, ctx: Ctx, *, project: str | None, limit: int) -> list[TaskState]:
+    rows = await uow.fetch(
+        """SELECT body::text AS body FROM tasks
+           WHERE state IN ('completed', 'verified') AND task_type <> 'verify' AND NOT is_parent
+             AND ($1::text IS NULL OR project = $1)
+           ORDER BY seq LIMIT $2""",
+        project, limit,
+    )
+    ses = Session(uow, ctx)
+    changes: Changes = [(s.id, decide_collect(s, ctx.principal.name))
+                        for s in (ses.adopt(views.decode_state(r["body"])) for r in rows)]
+    if not changes:
+        return []
+    await ses.apply_and_settle(changes)
+    return [ses.state(tid) for tid, _ in changes]
+
+
+async def round_review(
+    uow: UnitOfWork, ctx: Ctx, task_id: str, review: Review, *, default_escalation: int,
+) -> TaskState:
+    ses = Session(uow, ctx)
+    parent = await ses.need(task_id)
+    ids = [t.id for t in review.new_subtasks]
+    existing = {r["id"] for r in await uow.fetch("SELECT id FROM tasks WHERE id = ANY($1::text[])", ids)}
+    changes = decide_round_review(
+        parent, msgspec.structs.replace(review, reviewer=ctx.principal.name), await ses.round_of(parent),
+        existing_ids=existing, default_escalation=default_escalation,
+    )
+    await ses.apply_and_settle(changes)
+    return ses.state(task_id)
+
+
+async def sweep(uow: UnitOfWork, ctx: Ctx, *, limit: int = 200) -> int:
+    """Expire leases whose holders stopped heartbeating; escalate tasks nobody took."""
+    ses = Session(uow, ctx)
+    n = 0
+    rows = await uow.fetch(
+        """SELECT task_id, lease_id FROM task_leases WHERE expires_at < $1
+           ORDER BY expires_at LIMIT $2 FOR UPDATE""",
+        uow.now, limit,
+    )
+    for r in rows:
+        s = await ses.get(r["task_id"])
+        events = decide_lease_expired(s, r["lease_id"]) if s is not None else []
+        if events:
+            await ses.apply_and_settle([(r["task_id"], events)])
+            n += 1
+        else:
+            await uow.execute("DELETE FROM task_leases WHERE task_id = $1 AND lease_id = $2",
+                              r["task_id"], r["lease_id"])
+    rows = await uow.fetch(
+        "SELECT body::text AS body FROM tasks WHERE escalate_at <= $1 ORDER BY escalate_at LIMIT $2",
+        uow.now, limit,
+    )
+    for r in rows:
+        s = ses.adopt(views.decode_state(r["body"]))
+        events = decide_escalate(s, uow.now)
+        if events:
+            await ses.apply([(s.id, events)])
+            n += 1
+    return n
+
+
+async def due_for_sweep(pool: Any) -> bool:
+    """A cheap look, outside the writer, at whether a sweep has anything to do."""
+    return bool(await pool.fetchval(
+        """SELECT EXISTS (SELECT 1 FROM task_leases WHERE expires_at < clock_timestamp())
+               OR EXISTS (SELECT 1 FROM tasks WHERE escalate_at <= clock_timestamp())"""
+    ))
