@@ -24,7 +24,7 @@ test: $(STAMP)  ## run the whole test suite (embedded PostgreSQL unless TASKLEDG
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 deep: $(STAMP)  ## the property tests with many more (random) examples; failures kept in .hypothesis/examples
-	HYPOTHESIS_PROFILE=deep $(BIN)/pytest -q -p no:cacheprovider tests/test_task_machine.py
+	HYPOTHESIS_PROFILE=deep $(BIN)/pytest -q -p no:cacheprovider tests/unit/test_task_machine.py
 
 $(VENV)/.mutation: $(STAMP)
 	$(BIN)/pip install -q -e '.[mutation]'

@@ -2,7 +2,7 @@
 PostgreSQL or the service is hurt; then what was acknowledged, what the log
 holds, what the follower saw, and how long writes were refused.
 
-Used by tests/test_fault_drills.py (which asserts the invariants) and by
+Used by tests/e2e/test_fault_drills.py (which asserts the invariants) and by
 bench/fault_drills.py (which prints the figures for docs/BENCHMARKS.md).
 """
 

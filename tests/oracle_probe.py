@@ -17,7 +17,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 import tests.conftest  # noqa: F401  (registers the profiles)
 from taskledger.events.task import state as task_state
-from tests import test_task_machine as machine
+from tests.unit import test_task_machine as machine
 
 
 def finds(examples: int, run_seed: int | None) -> bool:

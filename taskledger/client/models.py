@@ -2,7 +2,7 @@
 
 Requests mirror the service's request schemas; views mirror what it answers.
 Views ignore fields they do not know, so a newer service never breaks an older
-client; tests/test_client_schema.py checks both against openapi/openapi.json.
+client; tests/unit/test_client_schema.py checks both against openapi/openapi.json.
 They restate the service's Structs on purpose: the client imports nothing from
 `service/`, `events/` or `projections/`, so the wire format (the OpenAPI
 document) is the only thing the two share.

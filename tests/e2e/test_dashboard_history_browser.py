@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from tests.conftest import ADMIN_TOKEN, ROOT, ServerProcess
-from tests.test_dashboard_browser import (
+from tests.e2e.test_dashboard_browser import (
     ARTIFACTS,
     CHROMIUM,
     CHROMIUM_ARGS,

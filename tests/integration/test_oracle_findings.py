@@ -1,4 +1,4 @@
-"""Rules the state machine's oracle (tests/test_task_machine.py) found wrong, over HTTP
+"""Rules the state machine's oracle (tests/unit/test_task_machine.py) found wrong, over HTTP
 against a real PostgreSQL."""
 
 from __future__ import annotations

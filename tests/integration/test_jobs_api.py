@@ -403,7 +403,7 @@ async def test_roles(harness: AppHarness) -> None:
 
 
 async def test_wait_true_answers_with_the_current_status_at_the_timeout(harness: AppHarness) -> None:
-    # (waiting for the end is tested against a real server: tests/test_jobs_runner.py)
+    # (waiting for the end is tested against a real server: tests/e2e/test_jobs_runner.py)
     producer = await harness.client("producer")
     t0 = time.monotonic()
     r = await producer.post("/jobs", {"commands": ["true"]}, params={"wait": "true", "timeout": "0.5"})

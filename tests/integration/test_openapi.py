@@ -6,7 +6,7 @@ from pathlib import Path
 
 from taskledger.service.http.openapi import render
 
-COMMITTED = Path(__file__).resolve().parent.parent / "openapi" / "openapi.json"
+COMMITTED = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"
 
 
 def test_committed_openapi_matches_the_app() -> None:

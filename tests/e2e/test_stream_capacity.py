@@ -32,8 +32,8 @@ from taskledger.service.http.server_limits import (
     server_concurrency,
 )
 from taskledger.service.settings import Settings
-from tests import test_sse
 from tests.conftest import ADMIN_TOKEN, ServerProcess
+from tests.e2e import test_sse
 
 shared_db = test_sse.shared_db  # this module's own database, made as test_sse makes its own
 

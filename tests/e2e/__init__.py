@@ -1,0 +1,1 @@
+"""Whole programs: a served process, the CLI, the browser, several processes or replicas."""

@@ -1,0 +1,1 @@
+"""The app in-process against a real PostgreSQL: routes, the writer, projections, the log."""

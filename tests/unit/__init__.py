@@ -1,0 +1,1 @@
+"""Pure tests: decisions, folds and codecs, no database and no network."""
