@@ -23,6 +23,7 @@ from taskledger.service.http import openapi_docs
 from taskledger.service.http.auth import PUBLIC_PATHS, AuthMiddleware, TokenStore
 from taskledger.service.http.metrics import Metrics
 from taskledger.service.http.problems import exception_handlers
+from taskledger.service.http.routes.streams import keep_server_send
 from taskledger.service.http.telemetry import Tracing, request_middleware
 from taskledger.service.ops.migrate import migrate
 from taskledger.service.settings import Settings
@@ -208,4 +209,5 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = (), tracer
         debug=False,
     )
     openapi_docs.install(app)
+    app.asgi_handler = keep_server_send(app.asgi_handler)
     return app

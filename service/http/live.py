@@ -35,6 +35,17 @@ at one number, `sub.start`:
 So the two sources tile the seq line at `sub.start`: no gap, no duplicate, and
 always in seq order.
 
+Delivery: what one event costs per subscriber
+---------------------------------------------
+With thousands of subscribers an event is thousands of deliveries, so the
+per-subscriber path is kept to a wake-up, a queue pop and one send. The tailer
+groups the subscribers of a page by filter and hands every subscriber of a
+group the same `Batch`, whose SSE frames are encoded once, by the first of
+them to send it (global-feed frames come encoded from the tailer). A woken
+subscriber sends everything queued for it in one send (the frames of several
+batches joined: still separate SSE messages, each with its own id). Its
+wake-up is a bare future, not an `asyncio.Event`.
+
 A subscriber that cannot keep up (its queue would pass `queue_max`) is
 detached by the tailer at once: its queue is dropped and the tailer stops
 feeding it. It never blocks the tailer or anyone else, and its memory is
@@ -53,7 +64,7 @@ import contextlib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from typing import Any, Final, Literal, Protocol
 
 import asyncpg
@@ -71,6 +82,61 @@ APPLICATION_NAME: Final = "taskledger-tailer"
 # the SSE message with `id: <seq>`, encoded once by the tailer for all global-feed
 # subscribers (None on rows read for catch-up).
 Row = tuple[int, int, str, str, str | None, str | None, bytes | None]
+
+
+class Batch:
+    """Rows handed to every subscriber of one filter, with their SSE frames encoded once for all of them.
+
+    Iterates over its rows. `frames(by_stream_seq)` is the SSE text of the rows,
+    ids by seq (the global feed) or by stream_seq (one task's or job's stream).
+    """
+
+    __slots__ = ("_frames", "_parts", "rows")
+
+    def __init__(self, rows: Sequence[Row], parts: Sequence[Batch] = ()) -> None:
+        self.rows = rows
+        self._parts = parts
+        self._frames: list[bytes | None] = [None, None]
+
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def last(self) -> int:
+        return self.rows[-1][0]
+
+    def frames(self, by_stream_seq: bool) -> bytes:
+        cached = self._frames[by_stream_seq]
+        if cached is None:
+            cached = self._frames[by_stream_seq] = _encode(self.rows, self._parts, by_stream_seq)
+        return cached
+
+    def after(self, pos: int) -> Batch:
+        """The rows with seq > pos (all of them, usually)."""
+        if self.rows[0][0] > pos:
+            return self
+        return Batch([r for r in self.rows if r[0] > pos])
+
+    @staticmethod
+    def coalesce(batches: Sequence[Batch]) -> Batch:
+        """Several batches as one: one send, each part's frames still encoded once."""
+        if len(batches) == 1:
+            return batches[0]
+        return Batch([r for b in batches for r in b.rows], batches)
+
+
+def _encode(rows: Sequence[Row], parts: Sequence[Batch], by_stream_seq: bool) -> bytes:
+    if parts:
+        return b"".join([b.frames(by_stream_seq) for b in parts])
+    if by_stream_seq:
+        return "".join([frame(r[1], r[2], r[3]) for r in rows]).encode()
+    if rows[0][6] is not None:  # live rows come encoded by the tailer
+        return b"".join([r[6] for r in rows if r[6] is not None])
+    return "".join([frame(r[0], r[2], r[3]) for r in rows]).encode()
+
 
 Refusal = Literal["capacity", "token"]
 """Why a stream is refused: the process holds `max_streams`, or the token its own cap."""
@@ -135,15 +201,25 @@ class Filter:
 
 
 class Subscription:
-    __slots__ = ("closed", "detached", "filter", "items", "start", "wake")
+    __slots__ = ("closed", "detached", "filter", "items", "queued", "start", "waiter")
 
     def __init__(self, flt: Filter, start: int) -> None:
         self.filter = flt
         self.start = start
-        self.items: deque[Row] = deque()
-        self.wake = asyncio.Event()
+        self.items: deque[Batch] = deque()
+        self.queued = 0  # rows in `items`
+        self.waiter: asyncio.Future[None] | None = None
         self.detached = False
         self.closed = False
+
+    def wake(self) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.queued = 0
 
 
 class Hub:
@@ -196,7 +272,7 @@ class Hub:
         self._closed = True
         for sub in list(self._subs):
             sub.closed = True
-            sub.wake.set()
+            sub.wake()
 
     async def stop(self, drain_seconds: float = 3.0) -> None:
         """End every subscription and stop the tailer."""
@@ -361,29 +437,38 @@ class Hub:
         """Hand a page to every subscriber. Never awaits, never blocks."""
         qmax = self.queue_max
         # Subscribers mostly share a few filters (a dashboard's, a project's): each
-        # distinct filter is applied to the page once, not once per subscriber.
-        matches: dict[tuple[Any, ...], list[Row]] = {}
+        # distinct filter is applied to the page once, not once per subscriber,
+        # and its subscribers share one Batch (and so its encoded frames).
+        everything = Batch(rows)
+        matches: dict[tuple[Any, ...], Batch | None] = {}
         woken: list[Subscription] = []
+        handed = 0
         for sub in self._subs:
             if sub.detached:
                 continue
             flt = sub.filter
             if flt.everything:
-                matched = rows
+                batch: Batch | None = everything
             else:
-                found = matches.get(flt.key)
-                if found is None:
-                    found = matches[flt.key] = [r for r in rows if flt.matches(r)]
-                matched = found
-            if not matched:
+                batch = matches.get(flt.key, everything)
+                if batch is everything:
+                    matched = [r for r in rows if flt.matches(r)]
+                    batch = matches[flt.key] = Batch(matched) if matched else None
+            if batch is None:
                 continue
-            if len(sub.items) + len(matched) > qmax:
+            n = len(batch.rows)
+            if sub.queued + n > qmax:
                 sub.detached = True
-                sub.items.clear()
+                sub.clear()
                 self._inc("sse_subscriber_overflows_total")
             else:
-                sub.items.extend(matched)
+                sub.items.append(batch)
+                sub.queued += n
+                handed += n
             woken.append(sub)
+        if handed:
+            # counted here, once a page, rather than once a subscriber as it sends
+            self._inc("sse_events_delivered_total", handed)
         self._wake_slices(woken, 0)
 
     def _wake_slices(self, subs: list[Subscription], first: int) -> None:
@@ -398,7 +483,7 @@ class Hub:
         """
         end = first + self.wake_slice
         for sub in subs[first:end]:
-            sub.wake.set()
+            sub.wake()
         if end < len(subs):
             asyncio.get_running_loop().call_soon(self._wake_slices, subs, end)
 
@@ -412,7 +497,7 @@ class Hub:
         return sub
 
     def _reattach(self, sub: Subscription) -> None:
-        sub.items.clear()
+        sub.clear()
         sub.start = self.cursor
         sub.detached = False
 
@@ -420,7 +505,7 @@ class Hub:
     async def _watch(sub: Subscription, stop: Stoppable) -> None:
         await stop.wait()
         sub.closed = True
-        sub.wake.set()
+        sub.wake()
 
     async def _catchup(self, flt: Filter, after: int, upto: int) -> list[Row]:
         where, args = flt.sql(4)
@@ -432,11 +517,12 @@ class Hub:
         return [(r[0], r[1], r[2], event_json(r), None, None, None) for r in rows]
 
     async def follow(self, flt: Filter, pos: int, *, stop: Stoppable | None = None,
-                     ) -> AsyncGenerator[list[Row], None]:
+                     ) -> AsyncGenerator[Batch, None]:
         """Every event matching `flt` with seq > `pos`, exactly once, in seq order, forever.
 
         Yields non-empty batches; returns when the hub stops or `stop` is set.
         """
+        loop = asyncio.get_running_loop()
         sub = self._subscribe(flt)
         watcher = asyncio.create_task(self._watch(sub, stop)) if stop is not None else None
         # Catch-up reads one page ahead: the next page is read while this one is sent.
@@ -465,27 +551,24 @@ class Hub:
                         prefetch = asyncio.create_task(self._catchup(flt, nxt, upto))
                     if rows:
                         self._inc("sse_events_delivered_total", len(rows))
-                        yield rows
+                        yield Batch(rows)
                     pos = nxt
                     continue
                 if sub.detached:
                     self._reattach(sub)
                     continue
                 if sub.items:
-                    items = sub.items
-                    while items and items[0][0] <= pos:
-                        items.popleft()
-                    if items:
-                        batch = list(items)
-                        items.clear()
-                        pos = batch[-1][0]
-                        self._inc("sse_events_delivered_total", len(batch))
+                    # Everything queued goes out in one send. Rows at or below `pos`
+                    # are only there when the client's cursor was ahead of the tailer.
+                    batches = [b.after(pos) for b in sub.items if b.last > pos]
+                    sub.clear()
+                    if batches:
+                        batch = Batch.coalesce(batches)
+                        pos = batch.last
                         yield batch
                     continue
-                sub.wake.clear()
-                if sub.items or sub.detached or sub.closed:
-                    continue
-                await sub.wake.wait()
+                waiter = sub.waiter = loop.create_future()
+                await waiter
         finally:
             self._subs.discard(sub)
             if watcher is not None:

@@ -16,7 +16,7 @@ import resource
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, cast
 
 import anyio
 import asyncpg
@@ -30,7 +30,7 @@ from sse_starlette.sse import SendTimeoutError
 from taskledger.events.errors import JobNotFound, TaskNotFound, ValidationFailed
 from taskledger.service.http import server_signals
 from taskledger.service.http.auth import Principal
-from taskledger.service.http.live import Filter, Hub, Refusal, Row, frame
+from taskledger.service.http.live import Filter, Hub, Refusal
 from taskledger.service.http.problems import problem
 from taskledger.service.http.routes.common import MAX_STREAM_SEQ, SinceSeq, StreamSinceSeq, check_id, split_types
 from taskledger.service.settings import Settings
@@ -38,6 +38,7 @@ from taskledger.service.settings import Settings
 log = logging.getLogger("taskledger.sse")
 
 RETRY_MS: Final = 2000
+SERVER_SEND: Final = "taskledger.server_send"
 _CURSOR = re.compile(r"^[0-9]{1,19}$")
 _MAX_CURSOR: Final = 2**62
 
@@ -59,25 +60,35 @@ def _cursor(since_seq: int | None, last_event_id: str | None) -> int | None:
     return since_seq
 
 
-def _encode(rows: list[Row], by_stream_seq: bool) -> bytes:
-    if by_stream_seq:
-        return "".join([frame(r[1], r[2], r[3]) for r in rows]).encode()
-    if rows[0][6] is not None:  # live rows come encoded by the tailer
-        return b"".join([r[6] for r in rows if r[6] is not None])
-    return "".join([frame(r[0], r[2], r[3]) for r in rows]).encode()
-
-
 async def _events(hub: Hub, flt: Filter, pos: int, by_stream_seq: bool,
                   stop: anyio.Event) -> AsyncIterator[bytes]:
     yield f"retry: {RETRY_MS}\r\n\r\n".encode()
     try:
         async with contextlib.aclosing(hub.follow(flt, pos, stop=stop)) as batches:
-            async for rows in batches:
-                yield _encode(rows, by_stream_seq)
+            async for batch in batches:
+                yield batch.frames(by_stream_seq)
     except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as e:
         # A catch-up read failed (database restarting): end the stream; the client
         # reconnects with Last-Event-ID and resumes exactly where it was.
         log.warning("ending an SSE stream after a database error: %r", e)
+
+
+def keep_server_send(app: ASGIApp) -> ASGIApp:
+    """Wrap the whole app so that a stream can send its body to the server directly.
+
+    Every layer between the server and a handler that wraps `send` (Litestar's
+    exception handlers, the request middleware, tracing) does so to see
+    `http.response.start`. A stream sends its start through them like any
+    response, then one body message per delivery: with thousands of streams
+    those wrappers cost as much as the send itself, so the body goes straight
+    to the server's `send`, kept in the scope under SERVER_SEND.
+    """
+
+    async def handler(scope: Scope, receive: Receive, send: Send) -> None:
+        cast(dict[str, Any], scope)[SERVER_SEND] = send
+        await app(scope, receive, send)
+
+    return handler
 
 
 class _EventSource(EventSourceResponse):
@@ -92,19 +103,27 @@ class _EventSource(EventSourceResponse):
     when a send has waited longer than `stall_seconds` or its own keep-alive
     cannot be sent within that time. The client reconnects with Last-Event-ID and
     loses nothing.
+
+    Body messages (events and keep-alives) go to `server_send`, the server's own
+    `send` (see keep_server_send), when there is one.
     """
 
     def __init__(self, *args: Any, stall_seconds: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.stall_seconds = stall_seconds
         self.sending_since: float | None = None
+        self.server_send: Any = None
 
     async def _send_with_timeout(self, send: Any, message: Any) -> None:
         self.sending_since = time.monotonic()
-        await send(message)
+        if self.server_send is not None and message["type"] == "http.response.body":
+            await self.server_send(message)
+        else:
+            await send(message)
         self.sending_since = None
 
     async def _ping(self, send: Any) -> None:
+        send = self.server_send or send
         while self.active:
             await anyio.sleep(self._ping_interval)
             since = self.sending_since
@@ -129,6 +148,7 @@ class _Stream:
         self._released = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._response.server_send = cast(dict[str, Any], scope).get(SERVER_SEND)
         try:
             await self._response(scope, receive, send)  # type: ignore[arg-type]
         except SendTimeoutError:
