@@ -65,7 +65,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal
 
 import asyncpg
 
@@ -151,14 +151,46 @@ def frame(seq_or_stream_seq: int, type_: str, data: str) -> str:
 _TAIL_SQL = f"""SELECT {EVENT_ROW_SQL} FROM events WHERE seq > $1 ORDER BY seq LIMIT $2"""
 
 
-class Stoppable(Protocol):
-    async def wait(self) -> Any: ...
+class StreamStop:
+    """Ends the subscriptions of one stream when set (the server shutting down, its
+    token revoked), with no task of its own waiting for it.
+
+    Has anyio.Event's `set()` and `is_set()`, all sse-starlette's
+    `shutdown_event` is asked for.
+    """
+
+    __slots__ = ("__weakref__", "_set", "_subs")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._subs: list[Subscription] = []
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            for sub in self._subs:
+                sub.closed = True
+                sub.wake()
+            self._subs.clear()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def _attach(self, sub: Subscription) -> None:
+        if self._set:
+            sub.closed = True
+        else:
+            self._subs.append(sub)
+
+    def _detach(self, sub: Subscription) -> None:
+        if sub in self._subs:
+            self._subs.remove(sub)
 
 
 class Filter:
     """The contract's feed filters: `types` (exact, or prefix when ending in '.'), stream, project."""
 
-    __slots__ = ("exact", "key", "prefixes", "project", "stream", "types")
+    __slots__ = ("everything", "exact", "key", "prefixes", "project", "stream", "types")
 
     def __init__(self, types: Sequence[str] = (), stream: str | None = None,
                  project: str | None = None) -> None:
@@ -168,10 +200,7 @@ class Filter:
         self.stream = stream
         self.project = project
         self.key = (self.types, stream, project)
-
-    @property
-    def everything(self) -> bool:
-        return not self.types and self.stream is None and self.project is None
+        self.everything = not self.types and stream is None and project is None
 
     def matches(self, row: Row) -> bool:
         if self.stream is not None and row[4] != self.stream:
@@ -501,12 +530,6 @@ class Hub:
         sub.start = self.cursor
         sub.detached = False
 
-    @staticmethod
-    async def _watch(sub: Subscription, stop: Stoppable) -> None:
-        await stop.wait()
-        sub.closed = True
-        sub.wake()
-
     async def _catchup(self, flt: Filter, after: int, upto: int) -> list[Row]:
         where, args = flt.sql(4)
         rows = await self._pool.fetch(
@@ -516,7 +539,7 @@ class Hub:
         )
         return [(r[0], r[1], r[2], event_json(r), None, None, None) for r in rows]
 
-    async def follow(self, flt: Filter, pos: int, *, stop: Stoppable | None = None,
+    async def follow(self, flt: Filter, pos: int, *, stop: StreamStop | None = None,
                      ) -> AsyncGenerator[Batch, None]:
         """Every event matching `flt` with seq > `pos`, exactly once, in seq order, forever.
 
@@ -524,7 +547,8 @@ class Hub:
         """
         loop = asyncio.get_running_loop()
         sub = self._subscribe(flt)
-        watcher = asyncio.create_task(self._watch(sub, stop)) if stop is not None else None
+        if stop is not None:
+            stop._attach(sub)
         # Catch-up reads one page ahead: the next page is read while this one is sent.
         prefetch: asyncio.Task[list[Row]] | None = None
         prefetch_at = (0, 0)  # the (after, upto) the prefetched page was read for
@@ -557,22 +581,27 @@ class Hub:
                 if sub.detached:
                     self._reattach(sub)
                     continue
-                if sub.items:
+                items = sub.items
+                if items:
                     # Everything queued goes out in one send. Rows at or below `pos`
                     # are only there when the client's cursor was ahead of the tailer.
-                    batches = [b.after(pos) for b in sub.items if b.last > pos]
-                    sub.clear()
-                    if batches:
-                        batch = Batch.coalesce(batches)
-                        pos = batch.last
+                    if len(items) == 1 and items[0].rows[0][0] > pos:
+                        batch: Batch | None = items[0]
+                    else:
+                        batches = [b.after(pos) for b in items if b.last > pos]
+                        batch = Batch.coalesce(batches) if batches else None
+                    items.clear()
+                    sub.queued = 0
+                    if batch is not None:
+                        pos = batch.rows[-1][0]
                         yield batch
                     continue
                 waiter = sub.waiter = loop.create_future()
                 await waiter
         finally:
             self._subs.discard(sub)
-            if watcher is not None:
-                watcher.cancel()
+            if stop is not None:
+                stop._detach(sub)
             if prefetch is not None:
                 prefetch.cancel()
                 with contextlib.suppress(BaseException):

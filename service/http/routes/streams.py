@@ -30,7 +30,7 @@ from sse_starlette.sse import SendTimeoutError
 from taskledger.events.errors import JobNotFound, TaskNotFound, ValidationFailed
 from taskledger.service.http import server_signals
 from taskledger.service.http.auth import Principal
-from taskledger.service.http.live import Filter, Hub, Refusal
+from taskledger.service.http.live import Filter, Hub, Refusal, StreamStop
 from taskledger.service.http.problems import problem
 from taskledger.service.http.routes.common import MAX_STREAM_SEQ, SinceSeq, StreamSinceSeq, check_id, split_types
 from taskledger.service.settings import Settings
@@ -61,7 +61,7 @@ def _cursor(since_seq: int | None, last_event_id: str | None) -> int | None:
 
 
 async def _events(hub: Hub, flt: Filter, pos: int, by_stream_seq: bool,
-                  stop: anyio.Event) -> AsyncIterator[bytes]:
+                  stop: StreamStop) -> AsyncIterator[bytes]:
     yield f"retry: {RETRY_MS}\r\n\r\n".encode()
     try:
         async with contextlib.aclosing(hub.follow(flt, pos, stop=stop)) as batches:
@@ -215,13 +215,13 @@ def _open(request: Request[Any, Any, Any], flt: Filter, pos: int, by_stream_seq:
         raise StreamRefused(why)
     # sse-starlette sets `stop` when the server is shutting down (uvicorn); the
     # stream then ends cleanly within the grace period instead of being cut.
-    stop = anyio.Event()
+    stop = StreamStop()
     request.app.state.tokens.watch(request.user, stop)  # a revoked or expired token's streams end
     response = _EventSource(
         _events(hub, flt, pos, by_stream_seq, stop),
         ping=settings.sse_keepalive_seconds,
         headers={"Cache-Control": "no-store"},
-        shutdown_event=stop,
+        shutdown_event=cast(anyio.Event, stop),
         shutdown_grace_period=2.0,
         stall_seconds=settings.sse_send_timeout_seconds,
     )
