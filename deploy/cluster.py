@@ -164,8 +164,7 @@ class Proxy:
     """HAProxy in the foreground, with its admin socket for the servers' states."""
 
     def __init__(self, root: Path, replicas: list[Replica], *, port: int | None = None, bind: str = "127.0.0.1",
-                 check_ms: int = 200, stream_replicas: list[Replica] | None = None,
-                 maxconn: int | None = None) -> None:
+                 check_ms: int = 200, stream_replicas: list[Replica] | None = None) -> None:
         self.port = port or free_port()
         self.base = f"http://{bind}:{self.port}"
         self.cfg = root / "haproxy.cfg"
@@ -179,7 +178,7 @@ class Proxy:
         self.cfg.write_text(string.Template(TEMPLATE.read_text()).substitute(
             stats_socket=self.socket, bind=bind, port=self.port, checks=checks, servers=_servers(replicas),
             stream_routing=_STREAM_ROUTING if stream_replicas else "", stream_backend=stream_backend,
-            maxconn=maxconn or _maxconn()))
+            maxconn=_maxconn()))
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Proxy:
@@ -249,10 +248,9 @@ class Cluster:
     def __init__(self, *, replicas: int = 3, database_url: str | None = None, standby: bool = False,
                  root: Path | None = None, port: int | None = None, bind: str = "127.0.0.1",
                  admin_token: str | None = None, drain_seconds: float = 1.5, check_ms: int = 200,
-                 env: dict[str, str] | None = None, stream_replicas: int = 0, maxconn: int | None = None) -> None:
+                 env: dict[str, str] | None = None, stream_replicas: int = 0) -> None:
         """`stream_replicas` > 0: that many more replicas serve the SSE routes
-        (STREAM_PATHS) and nothing else; the `replicas` serve everything else.
-        `maxconn`: the proxy's connection limit (default: what the fd limit allows)."""
+        (STREAM_PATHS) and nothing else; the `replicas` serve everything else."""
         self.root = root or Path(tempfile.mkdtemp(prefix="tl-cluster-"))
         self.root.mkdir(parents=True, exist_ok=True)
         self._own_root = root is None
@@ -266,7 +264,6 @@ class Cluster:
         self.port = port
         self.bind = bind
         self.check_ms = check_ms
-        self.maxconn = maxconn
         self.servers: list[PgServer] = []
         self.replicas: list[Replica] = []
         self.stream_replicas: list[Replica] = []
@@ -290,8 +287,7 @@ class Cluster:
             for r in every:
                 r.wait_ready()
             self.proxy = Proxy(self.root, self.replicas, port=self.port, bind=self.bind,
-                               check_ms=self.check_ms, stream_replicas=self.stream_replicas,
-                               maxconn=self.maxconn).start()
+                               check_ms=self.check_ms, stream_replicas=self.stream_replicas).start()
             for r in every:
                 self.proxy.wait_state(r.name, "UP")
         except BaseException:
