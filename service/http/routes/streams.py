@@ -112,7 +112,7 @@ class _EventSource(EventSourceResponse):
         super().__init__(*args, **kwargs)
         self.stall_seconds = stall_seconds
         self.sending_since: float | None = None
-        self.server_send: Any = None
+        self.server_send: Send | None = None
 
     async def _send_with_timeout(self, send: Any, message: Any) -> None:
         self.sending_since = time.monotonic()
