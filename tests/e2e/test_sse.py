@@ -458,6 +458,37 @@ async def test_a_token_may_hold_only_so_many_streams_at_once(live: ServerProcess
             await f.close()
 
 
+async def test_a_stream_keeps_its_request_id_and_is_counted_with_its_status_when_it_ends(
+    live: ServerProcess, db: asyncpg.Pool
+) -> None:
+    # Its events go to the server's send directly; its start and its end still pass the request middleware.
+    p = project()
+    rid = "stream-" + uuid.uuid4().hex[:12]
+    before = await _requests(live.base, "/stream", "200")
+    async with httpx.AsyncClient(base_url=live.base, timeout=httpx.Timeout(10, read=20)) as http, \
+            aconnect_sse(http, "GET", "/stream", params={"project": p},
+                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "X-Request-Id": rid}) as es:
+        assert es.response.headers["x-request-id"] == rid
+        await append(db, f"task:{p}", 2, project=p)
+        got = []
+        async for ev in es.aiter_sse():
+            if ev.event == "task.note":
+                got.append(int(ev.id))
+            if len(got) == 2:
+                break
+    deadline = time.monotonic() + 5
+    while await _requests(live.base, "/stream", "200") < before + 1:
+        assert time.monotonic() < deadline, "the ended stream was never counted"
+        await asyncio.sleep(0.05)
+
+
+async def _requests(base: str, route: str, status: str) -> float:
+    async with httpx.AsyncClient(base_url=base, timeout=5) as http:
+        text = (await http.get("/metrics")).text
+    prefix = f'taskledger_http_requests_total{{method="GET",route="{route}",status="{status}"}} '
+    return next((float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(prefix)), 0.0)
+
+
 async def test_metrics_show_subscribers_deliveries_and_tailer_lag(
     live: ServerProcess, db: asyncpg.Pool
 ) -> None:
