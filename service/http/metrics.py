@@ -47,7 +47,7 @@ COUNTERS: Final[Mapping[str, tuple[str, tuple[str, ...]]]] = {
     "writer_overloaded_total": ("Commands refused because the writer's queue was full.", ()),
     "sse_streams_refused_total": ("SSE streams refused, by reason (capacity, token).", ("reason",)),
     "sse_send_timeouts_total": ("SSE streams closed because a client read too slowly.", ()),
-    "sse_events_delivered_total": ("Events sent to SSE subscribers.", ()),
+    "sse_events_delivered_total": ("Events handed to SSE subscribers (queued live, or read to catch up).", ()),
     "sse_tailer_reconnects_total": ("Times the SSE tailer reconnected to PostgreSQL.", ()),
     "sse_subscriber_overflows_total": ("SSE subscribers dropped because their queue overflowed.", ()),
 }
