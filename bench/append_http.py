@@ -53,7 +53,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from taskledger.events import store
+from taskledger import log as store
 from taskledger.events.canonical import GENESIS_HASH, verify_chain
 from taskledger.service.ops.embedded import start_embedded, with_database
 from taskledger.service.ops.migrate import migrate

@@ -32,13 +32,14 @@ import asyncpg
 import msgspec
 
 from bench.scratch import migrated_database, server
+from taskledger import log as store
 from taskledger.events.canonical import GENESIS_HASH, canonical_json, event_hash, format_ts
 from taskledger.events.lease import Holder
 from taskledger.events.task.events import Requirement, RequirementVerdict, event_type, payload
 from taskledger.events.task.panel import Verdict, decide_complete, decide_verifier_complete
 from taskledger.events.task.rules import Claim, NewTask, decide_claim, decide_collect, decide_create, decide_start
 from taskledger.events.task.state import evolve
-from taskledger.projections import framework
+from taskledger.projections import catalog, framework
 from taskledger.service.ops.embedded import with_database
 
 PH = "XQXIDXQX"
@@ -143,7 +144,7 @@ async def raw_reads(conn: asyncpg.Connection, head: int) -> dict[str, float]:
     t0 = time.perf_counter()
     pos = n = 0
     while pos < head:
-        page = await framework.read_page(conn, "task:", pos, min(pos + framework.PAGE_SEQS, head))
+        page = await store.read_page(conn, "task:", pos, min(pos + framework.PAGE_SEQS, head))
         n += len(page)
         pos += framework.PAGE_SEQS
     out["the rebuild's paged read (10,000 seqs a page)"] = n / (time.perf_counter() - t0)
@@ -159,14 +160,14 @@ async def main_async(args: argparse.Namespace, url: str) -> None:
         for label, rate in (await raw_reads(conn, head)).items():
             print(f"raw read, {label}: {rate:,.0f} events/s", flush=True)
         reader = await asyncpg.connect(with_database(url, await conn.fetchval("SELECT current_database()")))
-        for p in framework.select(None):
+        for p in catalog.PROJECTIONS:
             res = await framework.rebuild(conn, p, reader=reader)
             rows = await conn.fetchval(f"SELECT count(*) FROM {p.tables[0].name}")
             print(f"rebuild {p.name}: {res.seconds:.1f}s, {res.events_per_second:,.0f} log events/s, "
                   f"{rows:,} rows, head lock held {res.swap_ms:.1f} ms", flush=True)
         if not args.no_check:
             t0 = time.perf_counter()
-            diffs = await framework.check(conn, [framework.get("tasks")])
+            diffs = await framework.check(conn, [catalog.TASKS])
             el = time.perf_counter() - t0
             print(f"check tasks: {el:.1f}s, {head / el:,.0f} events/s, {len(diffs)} differences", flush=True)
         await reader.close()

@@ -41,8 +41,8 @@ import httpx
 
 from bench._sse_env import TOKEN, Database, Server, exit_cleanly_on_sigterm, machine, percentile, raise_fd_limit
 from bench.sse_latency import Subscriber
-from taskledger.events import store
-from taskledger.events.store import NewEvent
+from taskledger import log as store
+from taskledger.log import NewEvent
 
 FEED = "feed"
 

@@ -26,8 +26,8 @@ from typing import Any
 import asyncpg
 
 from bench._sse_env import TOKEN, Database, Server, exit_cleanly_on_sigterm, machine
-from taskledger.events import store
-from taskledger.events.store import EVENT_ROW_SQL, NewEvent, event_json
+from taskledger import log as store
+from taskledger.log import EVENT_ROW_SQL, NewEvent, event_json
 
 _ID = re.compile(rb"\nid: ([0-9]+)\r")
 

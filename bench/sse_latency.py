@@ -29,8 +29,8 @@ from datetime import UTC, datetime
 import asyncpg
 
 from bench._sse_env import TOKEN, Database, Server, exit_cleanly_on_sigterm, machine, percentile, raise_fd_limit
-from taskledger.events import store
-from taskledger.events.store import NewEvent
+from taskledger import log as store
+from taskledger.log import NewEvent
 
 load = ""
 _T = re.compile(rb'"t": ([0-9.e+-]+)')

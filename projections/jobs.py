@@ -14,9 +14,10 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
+from taskledger import log as store
 from taskledger.events.job import events as job_events
 from taskledger.events.job import state as job_state
-from taskledger.events.store import RecordedEvent
+from taskledger.log import RecordedEvent
 
 NAME: Final = "jobs"
 SCHEMA_VERSION: Final = 1
@@ -63,8 +64,10 @@ def apply(
     return state
 
 
-_UPSERT = """
-INSERT INTO jobs (id, version, seq, created_seq, state, project, node, worker, cancel_requested,
+def _upsert(table: str) -> str:
+    """The upsert of job rows into `table` (the live table, or a rebuild's shadow of it)."""
+    return f"""
+INSERT INTO {table} (id, version, seq, created_seq, state, project, node, worker, cancel_requested,
                   created_at, body)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb)
 ON CONFLICT (id) DO UPDATE SET
@@ -72,6 +75,9 @@ ON CONFLICT (id) DO UPDATE SET
     project = EXCLUDED.project, node = EXCLUDED.node, worker = EXCLUDED.worker,
     cancel_requested = EXCLUDED.cancel_requested, body = EXCLUDED.body
 """
+
+
+_UPSERT: Final = _upsert("jobs")
 
 _CHECKPOINT = """
 INSERT INTO projection_checkpoints (name, version, seq, updated_at) VALUES ($1, $2, $3, now())
@@ -101,25 +107,16 @@ async def save(uow: Writer, state: job_state.JobState) -> None:
 
 async def replay(conn: Reader, job_id: str, *, to_seq: int | None = None) -> job_state.JobState | None:
     """The job folded from the log (up to `to_seq`), with its position stamped."""
-    args: list[Any] = [stream_of(job_id)]
-    extra = ""
-    if to_seq is not None:
-        args.append(to_seq)
-        extra = " AND seq <= $2"
-    rows = await conn.fetch(
-        "SELECT seq, stream_seq, type, data::text AS data FROM events "
-        f"WHERE stream = $1{extra} ORDER BY stream_seq",
-        *args,
-    )
+    rows = await store.stream_events(conn, stream_of(job_id), to_seq=to_seq)
     state: job_state.JobState | None = None
     for r in rows:
-        state = job_state.evolve(state, job_events.decode(r["type"], r["data"]))
+        state = job_state.evolve(state, job_events.decode(r.type, r.data))
     if state is not None and rows:
         state = msgspec.structs.replace(
             state,
-            version=rows[-1]["stream_seq"],
-            seq=rows[-1]["seq"],
-            created_seq=rows[0]["seq"],
+            version=rows[-1].stream_seq,
+            seq=rows[-1].seq,
+            created_seq=rows[0].seq,
         )
     return state
 
@@ -133,7 +130,7 @@ async def save_rows(conn: Any, states: Sequence[job_state.JobState], *, table: s
     if not states:
         return
     await conn.executemany(
-        _UPSERT.replace("INSERT INTO jobs ", f"INSERT INTO {table} ", 1),
+        _UPSERT if table == "jobs" else _upsert(table),
         [(s.job_id, s.version, s.seq, s.created_seq, s.state, s.project, s.node, s.worker,
           s.cancel_requested, datetime.fromtimestamp(s.created_at, UTC), _encoder.encode(s).decode())
          for s in states],

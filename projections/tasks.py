@@ -14,12 +14,12 @@ from typing import Any, Protocol
 import asyncpg
 import msgspec
 
-from taskledger.events import store
-from taskledger.events.store import RecordedEvent
+from taskledger import log as store
 from taskledger.events.task import events as task_events
 from taskledger.events.task.events import CheckerReport, TaskBlocked, TaskCancelled, TaskEvent, TaskUnblocked, Unmet
 from taskledger.events.task.rules import escalate_at
 from taskledger.events.task.state import TaskState, evolve
+from taskledger.log import RecordedEvent
 
 NAME = "tasks"
 VERSION = 1
@@ -395,9 +395,7 @@ class TaskFold:
                 s = _dec_state.decode(r["body"])
                 self.states[s.id] = s
             return
-        from taskledger.projections.framework import read_stream_before
-
-        events = await read_stream_before(conn, [f"task:{i}" for i in ids], before_seq)
+        events = await store.read_stream_before(conn, [f"task:{i}" for i in ids], before_seq)
         fold_page(self.states, None, events)
 
 

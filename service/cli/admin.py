@@ -48,12 +48,12 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         TimeRemainingColumn,
     )
 
-    from taskledger.projections import framework
+    from taskledger.projections import catalog, framework
 
     try:
-        chosen = framework.select(args.projection)
+        chosen = catalog.select(args.projection)
     except KeyError as e:
-        print(f"unknown projection {e.args[0]}; known: {', '.join(framework.registered())}", file=sys.stderr)
+        print(f"unknown projection {e.args[0]}; known: {', '.join(catalog.names())}", file=sys.stderr)
         return 2
     url, handle = _connect_url(args)
     console = _console(stderr=True)
@@ -100,13 +100,13 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from taskledger.events import audit
-    from taskledger.projections import framework
+    from taskledger.log import audit
+    from taskledger.projections import catalog, framework
 
     try:
-        chosen = framework.select(args.projection)
+        chosen = catalog.select(args.projection)
     except KeyError as e:
-        print(f"unknown projection {e.args[0]}; known: {', '.join(framework.registered())}", file=sys.stderr)
+        print(f"unknown projection {e.args[0]}; known: {', '.join(catalog.names())}", file=sys.stderr)
         return 2
     url, handle = _connect_url(args)
 
@@ -174,7 +174,7 @@ async def _history_http(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 async def _history_db(url: str, task_id: str) -> list[dict[str, Any]]:
-    from taskledger.events import store
+    from taskledger import log as store
 
     conn = await asyncpg.connect(url)
     try:
@@ -239,7 +239,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_export(args: argparse.Namespace) -> int:
-    from taskledger.events import audit
+    from taskledger.log import audit
 
     url, handle = _connect_url(args)
 
@@ -266,8 +266,9 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_checkpoint(args: argparse.Namespace) -> int:
+    from taskledger import log as store
     from taskledger.events import audit
-    from taskledger.events.store import EVENT_ROW_SQL, LogTx, event_json
+    from taskledger.log import audit as stored_audit
     from taskledger.service.ops.audit_key import load_or_create
     from taskledger.service.settings import Settings
 
@@ -278,12 +279,13 @@ def cmd_audit_checkpoint(args: argparse.Namespace) -> int:
         conn = await asyncpg.connect(url)
         try:
             async with conn.transaction():
-                log = await LogTx.begin(conn)
-                ev = await audit.append_checkpoint(log, key)
+                log = await store.LogTx.begin(conn)
+                ev = await stored_audit.append_checkpoint(log, key)
                 await log.finish()
             assert ev is not None
-            row = await conn.fetchrow(f"SELECT {EVENT_ROW_SQL} FROM events WHERE seq = $1", ev.seq)
-            return audit.compact(event_json(row))
+            text = await store.event_json_at(conn, ev.seq)
+            assert text is not None
+            return audit.compact(text)
         finally:
             await conn.close()
 

@@ -32,7 +32,7 @@ from prometheus_client.metrics import disable_created_metrics
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from taskledger.events.store import RecordedEvent
+from taskledger.log import HEAD_SEQ_SQL, RecordedEvent
 
 log = logging.getLogger("taskledger.metrics")
 
@@ -69,12 +69,12 @@ _JOB_SECONDS: Final = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
 MAX_CHECKERS: Final = 64
 _JOB_ENDS: Final = {"job.completed": "completed", "job.failed": "failed", "job.cancelled": "cancelled"}
 
-_PROJECTION_SQL: Final = """
+_PROJECTION_SQL: Final = f"""
 SELECT 'tasks' AS kind, state AS key, count(*)::bigint AS n FROM tasks GROUP BY state
 UNION ALL
 SELECT 'jobs', state, count(*)::bigint FROM jobs GROUP BY state
 UNION ALL
-SELECT 'lag', name, (SELECT seq FROM log_head WHERE id = 1) - seq FROM projection_checkpoints
+SELECT 'lag', name, {HEAD_SEQ_SQL} - seq FROM projection_checkpoints
 """
 
 

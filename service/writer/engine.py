@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from taskledger.events.errors import DomainError
-from taskledger.events.store import ANY, LogTx, NewEvent, RecordedEvent
+from taskledger.log import ANY, LogTx, NewEvent, RecordedEvent
 from taskledger.service.http.metrics import Metrics
 
 log = logging.getLogger("taskledger.writer")

@@ -16,7 +16,7 @@ from taskledger.events.errors import AlreadyExists, JobNotFound
 from taskledger.events.job import events as job_events
 from taskledger.events.job import rules as job_rules
 from taskledger.events.job import state as job_state
-from taskledger.events.store import NewEvent
+from taskledger.log import NewEvent
 from taskledger.projections import jobs as projection
 from taskledger.service.http.auth import Principal
 from taskledger.service.writer.commands import Ctx

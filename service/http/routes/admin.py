@@ -17,7 +17,8 @@ from litestar.params import JSONBody, QueryParameter
 
 from taskledger.events import audit
 from taskledger.events.errors import Conflict, ValidationFailed
-from taskledger.projections import framework
+from taskledger.log import audit as stored_audit
+from taskledger.projections import catalog, framework
 from taskledger.service.http.auth import requires
 from taskledger.service.ops.audit_key import load_or_create
 
@@ -100,7 +101,7 @@ class AdminController(Controller):
 
     @get("/projections", operation_id="listProjections")
     async def projections(self, request: Request[Any, Any, Any]) -> ProjectionList:
-        stats = await framework.statuses(request.app.state.pool)
+        stats = await framework.statuses(request.app.state.pool, catalog.PROJECTIONS)
         runs = _runs(request)
         return ProjectionList(
             head_seq=stats[0].head_seq if stats else 0,
@@ -114,10 +115,10 @@ class AdminController(Controller):
     ) -> Response[RebuildAccepted]:
         body = data or RebuildRequest()
         try:
-            chosen = framework.select([body.projection] if body.projection else None)
+            chosen = catalog.select([body.projection] if body.projection else None)
         except KeyError as e:
             raise ValidationFailed(
-                f"unknown projection {e.args[0]}; known: {', '.join(framework.registered())}") from e
+                f"unknown projection {e.args[0]}; known: {', '.join(catalog.names())}") from e
         runs = _runs(request)
         busy = [p.name for p in chosen if p.name in runs and runs[p.name].state in ("queued", "running")]
         if busy:
@@ -143,7 +144,7 @@ async def _verify_in_thread(dsn: str, from_seq: int, to_seq: int | None,
     async def go() -> audit.VerifyResult:
         conn = await asyncpg.connect(dsn)
         try:
-            return await audit.verify_table(conn, from_seq, to_seq, public_key=key)
+            return await stored_audit.verify_table(conn, from_seq, to_seq, public_key=key)
         finally:
             await conn.close()
 
@@ -203,7 +204,7 @@ async def _checkpointer(app: Any) -> None:
     state.commit_listeners.append(on_commit)
 
     async def command(uow: Any) -> None:
-        await audit.append_checkpoint(uow.log, key, every_events=every_events, every_seconds=every_seconds,
+        await stored_audit.append_checkpoint(uow.log, key, every_events=every_events, every_seconds=every_seconds,
                                       started_at=started_at)
 
     while True:
@@ -211,14 +212,12 @@ async def _checkpointer(app: Any) -> None:
             await asyncio.wait_for(wake.wait(), tick)
         wake.clear()
         try:
-            row = await state.pool.fetchrow(audit.checkpoint_due_sql())
-            if row is None:
-                continue
-            last_seen[0] = int(row["seq"] or 0)
-            if audit.checkpoint_due(int(row["head"]), row["seq"], row["recorded_at"], datetime.now(UTC),
+            head, last_seq, last_at = await stored_audit.checkpoint_look(state.pool)
+            last_seen[0] = int(last_seq or 0)
+            if audit.checkpoint_due(head, last_seq, last_at, datetime.now(UTC),
                                     every_events, every_seconds, started_at):
                 await state.writer.submit(command)
-                last_seen[0] = int(row["head"])
+                last_seen[0] = head
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the database is down, the writer busy: the next pass retries

@@ -51,12 +51,13 @@ from litestar.datastructures import Cookie
 from litestar.exceptions import NotAuthorizedException
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from taskledger.events import store
+from taskledger import log as store
 from taskledger.events.errors import Forbidden, NotFound, ValidationFailed
 from taskledger.events.job import events as job_events
 from taskledger.events.task import events as task_events
 from taskledger.events.task.state import TaskState
-from taskledger.projections import framework
+from taskledger.log import audit as stored_audit
+from taskledger.projections import catalog, framework
 from taskledger.projections import tasks as views
 from taskledger.service.http.auth import LIVE_BEARER_SQL, Principal, TokenStore, hash_token
 from taskledger.service.settings import Settings
@@ -474,7 +475,7 @@ async def tasks_as_of(
     states: dict[str, TaskState] = {}
     later = [f"task:{r['id']}" for r in page if r["seq"] > as_of_seq]
     if later:
-        views.fold_page(states, None, await framework.read_stream_before(pool, later, as_of_seq + 1))
+        views.fold_page(states, None, await store.read_stream_before(pool, later, as_of_seq + 1))
     user: Principal = request.user
     viewer = None if user.role == "admin" else user.token_id  # lease ids only to their holder
     out = [views.visible_to(states[r["id"]] if r["seq"] > as_of_seq else views.decode_state(r["body"]), viewer)
@@ -512,21 +513,9 @@ async def seq_at(
         raise ValidationFailed("at: give a time zone (say ...Z for UTC)")
     pool = request.app.state.pool
     head, _ = await store.head(pool)
-    # recorded_at is taken under the head lock, so it rises with seq: a binary
-    # search over the primary key, a few dozen index look-ups at most.
-    lo, hi = 0, head
     async with pool.acquire() as conn:
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            t = await conn.fetchval("SELECT recorded_at FROM events WHERE seq = $1", mid)
-            if t <= when:
-                lo = mid
-            else:
-                hi = mid - 1
-        recorded = None if lo == 0 else await conn.fetchval(
-            "SELECT to_char(recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') "
-            "FROM events WHERE seq = $1", lo)
-    return SeqAt(at=at, seq=lo, recorded_at=recorded, head_seq=head)
+        seq, recorded = await store.seq_at(conn, when, head)
+    return SeqAt(at=at, seq=seq, recorded_at=recorded, head_seq=head)
 
 
 def _gauge(metrics: Any, name: str) -> int | None:
@@ -539,19 +528,15 @@ def _gauge(metrics: Any, name: str) -> int | None:
 async def dashboard_status(request: Request[Any, Any, Any]) -> DashboardStatus:
     pool = request.app.state.pool
     head, head_hash = await store.head(pool)
-    last = await pool.fetchrow(
-        f"SELECT {store.EVENT_ROW_SQL} FROM events WHERE stream = $1 AND type = $2 "
-        "ORDER BY stream_seq DESC LIMIT 1", CHECKPOINT_STREAM, CHECKPOINT_TYPE)
-    count = await pool.fetchval("SELECT count(*) FROM events WHERE stream = $1 AND type = $2",
-                                CHECKPOINT_STREAM, CHECKPOINT_TYPE) if last is not None else 0
+    last, count = await stored_audit.last_checkpoint(pool)
     metrics = request.app.state.metrics
     batches = metrics.value("writer_batch_size_count") or 0
     return DashboardStatus(
         head_seq=head, head_hash=head_hash,
-        last_checkpoint=None if last is None else msgspec.Raw(store.event_json(last).encode()),
+        last_checkpoint=None if last is None else msgspec.Raw(last.encode()),
         checkpoints=int(count),
         projections=[ProjectionLag(name=p.name, checkpoint_seq=p.checkpoint_seq, lag=p.lag)
-                     for p in await framework.statuses(pool)],
+                     for p in await framework.statuses(pool, catalog.PROJECTIONS)],
         process=ProcessFigures(
             sse_subscribers=_gauge(metrics, "sse_subscribers"),
             sse_tailer_lag_events=_gauge(metrics, "sse_tailer_lag_events"),

@@ -15,11 +15,11 @@ import msgspec
 from litestar import Controller, Litestar, Request, Response, get, post
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
+from taskledger import log as store
 from taskledger.events.errors import JobNotFound, ValidationFailed
 from taskledger.events.job import events as job_events
 from taskledger.events.job import rules as job_rules
 from taskledger.events.job import state as job_state
-from taskledger.events.store import EVENT_ROW_SQL, event_json
 from taskledger.projections.jobs import decode_state, replay, stream_of
 from taskledger.service.http.auth import requires
 from taskledger.service.http.routes.common import StreamSinceSeq, check_id, known_query_only, respond
@@ -243,14 +243,9 @@ class JobController(Controller):
         async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
             if not await conn.fetchval("SELECT 1 FROM jobs WHERE id = $1", job_id):
                 raise JobNotFound(f"job {job_id} does not exist", job_id=job_id)
-            rows = await conn.fetch(
-                f"SELECT {EVENT_ROW_SQL} FROM events WHERE stream = $1 AND stream_seq > $2 "
-                f"ORDER BY stream_seq LIMIT {int(limit)}",
-                stream_of(job_id),
-                since,
-            )
+            rows = await store.stream_rows(conn, stream_of(job_id), since, limit)
         return EventsPage(
-            events=[msgspec.Raw(event_json(r).encode()) for r in rows],
+            events=[msgspec.Raw(store.event_json(r).encode()) for r in rows],
             next_seq=rows[-1]["stream_seq"] if rows else since,
         )
 
@@ -290,13 +285,14 @@ ROUTES = [JobController]
 
 async def _job_as_of(pool: Any, job_id: str, as_of_seq: int) -> dict[str, Any]:
     """The job as it stood after global seq `as_of_seq`, timed as of that event."""
-    head = await pool.fetchval("SELECT seq FROM log_head WHERE id = 1")
+    head = (await store.head(pool)).seq
     if as_of_seq > head:
         raise ValidationFailed(f"as_of_seq {as_of_seq} is beyond the head of the log ({head})")
     state = await replay(pool, job_id, to_seq=as_of_seq)
     if state is None:
         raise JobNotFound(f"job {job_id} did not exist at seq {as_of_seq}", job_id=job_id)
-    at = await pool.fetchval("SELECT recorded_at FROM events WHERE seq = $1", as_of_seq)
+    at = await store.recorded_at(pool, as_of_seq)
+    assert at is not None  # as_of_seq is within the head, and the log has no gaps
     return job_commands.view(state, at)
 
 

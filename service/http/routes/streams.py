@@ -27,6 +27,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 
+from taskledger import log as store
 from taskledger.events.errors import JobNotFound, TaskNotFound, ValidationFailed
 from taskledger.service.http import server_signals
 from taskledger.service.http.auth import Principal
@@ -208,10 +209,6 @@ def _open(request: Request[Any, Any, Any], flt: Filter, pos: int, by_stream_seq:
     return _Stream(response, hub, key)
 
 
-async def _head(pool: asyncpg.Pool) -> int:
-    return int(await pool.fetchval("SELECT seq FROM log_head WHERE id = 1") or 0)
-
-
 async def _one_stream(
     request: Request[Any, Any, Any], stream: str, cursor: int | None, types: str | None,
     missing: type[TaskNotFound] | type[JobNotFound],
@@ -220,21 +217,15 @@ async def _one_stream(
     pool: asyncpg.Pool = request.app.state.pool
     if cursor is not None and cursor > MAX_STREAM_SEQ:
         raise ValidationFailed(f"cursor {cursor} is beyond any stream_seq ({MAX_STREAM_SEQ})")
-    row = await pool.fetchrow(
-        "SELECT (SELECT seq FROM log_head WHERE id = 1) AS head, "
-        "(SELECT max(stream_seq) FROM events WHERE stream = $1) AS last, "
-        "(SELECT seq FROM events WHERE stream = $1 AND stream_seq = $2) AS at",
-        stream, cursor or 0,
-    )
-    assert row is not None
-    if row["last"] is None:
+    head, last, at = await store.stream_position(pool, stream, cursor or 0)
+    if last is None:
         raise missing(f"{stream} has no events")
     if cursor is None:
-        pos = int(row["head"])
-    elif cursor > row["last"]:
-        raise ValidationFailed(f"cursor {cursor} is beyond the last stream_seq of {stream} ({row['last']})")
+        pos = head
+    elif cursor > last:
+        raise ValidationFailed(f"cursor {cursor} is beyond the last stream_seq of {stream} ({last})")
     else:
-        pos = int(row["at"]) if cursor > 0 else 0
+        pos = int(at) if cursor > 0 and at is not None else 0
     return _open(request, Filter(split_types(types), stream=stream), pos, by_stream_seq=True)
 
 
@@ -256,7 +247,7 @@ class StreamController(Controller):
     ) -> ASGIApp:
         _admissible(request)
         cursor = _cursor(since_seq, last_event_id)
-        head = await _head(request.app.state.pool)
+        head = (await store.head(request.app.state.pool)).seq
         if cursor is not None and cursor > head:
             raise ValidationFailed(f"cursor {cursor} is beyond the head of the log ({head})")
         flt = Filter(split_types(types), stream=stream, project=project)

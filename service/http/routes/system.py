@@ -11,7 +11,7 @@ import msgspec
 from litestar import Controller, Litestar, Request, Response, delete, get, post
 from litestar.params import JSONBody, Parameter, QueryParameter
 
-from taskledger.events import store
+from taskledger import log as store
 from taskledger.events.errors import NotFound, ValidationFailed
 from taskledger.service.http import server_signals
 from taskledger.service.http.auth import Principal, TokenInfo, create_token, list_tokens, requires, revoke_token
@@ -63,7 +63,7 @@ class SystemController(Controller):
             # Told to stop: out of the balancer's rotation first, still serving.
             return Response({"status": "draining"}, status_code=503)
         try:
-            head = await state.pool.fetchval("SELECT seq FROM log_head WHERE id = 1")
+            head = (await store.head(state.pool)).seq
         except Exception as e:  # readiness reports, never raises
             # the driver's text names hosts, sockets and users: the log has it
             log.warning("readiness check: the database is not reachable: %r", e)

@@ -12,7 +12,7 @@ import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from taskledger.events import store
+from taskledger import log as store
 from taskledger.events.errors import TaskNotFound, ValidationFailed
 from taskledger.events.task.events import Requirement, RequirementVerdict, Verification
 from taskledger.events.task.panel import Verdict
@@ -241,14 +241,14 @@ class TaskController(Controller):
         ctx = ctx_of(request)
         clauses: list[str] = []
         args: list[Any] = []
-        for col, val in (("t.state = $?", task_state), ("t.project = $?", project),
-                         ("t.parent_task_id = $?", parent_task_id), ("t.task_type = $?", task_type),
-                         ("t.assignee = $?", assignee), ("t.body->>'worker' = $?", worker),
-                         ("t.body->>'node' = $?", node), ("t.body->'labels' ? $?", label),
-                         ("(t.body->>'escalated')::boolean = $?", escalated)):
+        for col, val in (("t.state =", task_state), ("t.project =", project),
+                         ("t.parent_task_id =", parent_task_id), ("t.task_type =", task_type),
+                         ("t.assignee =", assignee), ("t.body->>'worker' =", worker),
+                         ("t.body->>'node' =", node), ("t.body->'labels' ?", label),
+                         ("(t.body->>'escalated')::boolean =", escalated)):
             if val is not None:
                 args.append(val)
-                clauses.append(col.replace("$?", f"${len(args)}"))
+                clauses.append(f"{col} ${len(args)}")
         if after is not None:
             check_id(after, "after")
             cursor = await pool.fetchval("SELECT created_seq FROM tasks WHERE id = $1", after)
@@ -316,15 +316,13 @@ class TaskController(Controller):
         check_id(task_id, "task id")
         pool = request.app.state.pool
         stream = f"task:{task_id}"
-        last = await pool.fetchval("SELECT max(stream_seq) FROM events WHERE stream = $1", stream)
+        last = await store.stream_version(pool, stream)
         if last is None:
             raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
         since = since_seq or 0
         if since > last:
             raise ValidationFailed(f"since_seq {since} is beyond the stream's last event ({last})")
-        rows = await pool.fetch(
-            f"SELECT {store.EVENT_ROW_SQL} FROM events WHERE stream = $1 "
-            f"AND stream_seq > $2 ORDER BY stream_seq LIMIT {int(limit)}", stream, since)
+        rows = await store.stream_rows(pool, stream, since, limit)
         return StreamPage(events=[msgspec.Raw(store.event_json(r).encode()) for r in rows],
                           next_seq=rows[-1]["stream_seq"] if rows else since)
 

@@ -10,7 +10,7 @@ import msgspec
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from taskledger.events import store
+from taskledger import log as store
 from taskledger.events.errors import NotFound, ValidationFailed
 from taskledger.service.http.auth import Principal, requires
 from taskledger.service.http.routes.common import check_id
