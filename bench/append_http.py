@@ -189,7 +189,7 @@ END;
 """
 
 # The same work without the head lock: seq from a sequence (as an identity
-# column would do; the reason the store does not is in events/store.py).
+# column would do; the reason the store does not is in log/appending.py).
 PGBENCH_FREE = r"""
 BEGIN;
 SELECT nextval('events_free_seq') AS next \gset

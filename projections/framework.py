@@ -202,10 +202,6 @@ async def fold_range(
     return pos
 
 
-async def head_seq(conn: Any) -> int:
-    return (await store.head(conn)).seq
-
-
 async def checkpoint(conn: Any, name: str) -> int | None:
     v = await conn.fetchval("SELECT seq FROM projection_checkpoints WHERE name = $1", name)
     return None if v is None else int(v)
@@ -358,7 +354,7 @@ async def rebuild(
         fold = p.new_fold()
         pos, passes, last_gap = 0, 0, None
         while True:
-            head = await head_seq(conn)
+            head = (await store.head(conn)).seq
             gap = head - pos
             # Catch up until close to the head; under a write rate the fold
             # cannot outrun, stop chasing once the gap no longer shrinks.
@@ -386,7 +382,7 @@ async def rebuild(
                 if attempt == SWAP_ATTEMPTS:
                     raise
                 await asyncio.sleep(0.2 * attempt)
-                pos = await fold_range(conn, p, fold, tables, pos, await head_seq(conn), progress, page_seqs)
+                pos = await fold_range(conn, p, fold, tables, pos, (await store.head(conn)).seq, progress, page_seqs)
                 continue
             swap_ms = (time.perf_counter() - t0) * 1000
             pos = end
@@ -507,7 +503,7 @@ async def advance(conn: Any, p: Projection, fold: Fold, *, page_seqs: int = PAGE
     if pos is None:
         await set_checkpoint(conn, p, 0)
         pos = 0
-    head = await head_seq(conn)
+    head = (await store.head(conn)).seq
     while pos < head:
         end = min(pos + page_seqs, head)
         try:
@@ -561,7 +557,7 @@ class ProjectionStatus(msgspec.Struct, kw_only=True):
 async def statuses(conn: Any, projections: Sequence[Projection]) -> list[ProjectionStatus]:
     rows = {r["name"]: r for r in await conn.fetch(
         "SELECT name, version, seq FROM projection_checkpoints")}
-    head = await head_seq(conn)
+    head = (await store.head(conn)).seq
     out = []
     for p in projections:
         r = rows.get(p.name)
