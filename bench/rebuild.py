@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import os
-import platform
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -31,7 +29,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from bench.scratch import migrated_database, server
+from bench.harness import Database, Postgres, describe, machine
 from taskledger import log as store
 from taskledger.events.canonical import GENESIS_HASH, canonical_json, event_hash, format_ts
 from taskledger.events.lease import Holder
@@ -40,7 +38,6 @@ from taskledger.events.task.panel import Verdict, decide_complete, decide_verifi
 from taskledger.events.task.rules import Claim, NewTask, decide_claim, decide_collect, decide_create, decide_start
 from taskledger.events.task.state import evolve
 from taskledger.projections import catalog, framework
-from taskledger.service.ops.embedded import with_database
 
 PH = "XQXIDXQX"
 _enc = msgspec.json.Encoder()
@@ -151,15 +148,16 @@ async def raw_reads(conn: asyncpg.Connection, head: int) -> dict[str, float]:
     return out
 
 
-async def main_async(args: argparse.Namespace, url: str) -> None:
-    async with migrated_database(url, "tl_bench_rebuild_") as conn:
+async def main_async(args: argparse.Namespace, pg: Postgres) -> None:
+    async with Database(pg.url, "tl_bench_rebuild_") as db:
+        conn = await asyncpg.connect(db.url)
         head, secs = await seed(conn, args.events)
         print(f"seeded {head:,} events in {secs:.1f}s ({head / secs:,.0f} events/s)", flush=True)
         size = await conn.fetchval("SELECT pg_size_pretty(pg_total_relation_size('events'))")
         print(f"events table: {size}", flush=True)
         for label, rate in (await raw_reads(conn, head)).items():
             print(f"raw read, {label}: {rate:,.0f} events/s", flush=True)
-        reader = await asyncpg.connect(with_database(url, await conn.fetchval("SELECT current_database()")))
+        reader = await asyncpg.connect(db.url)
         for p in catalog.PROJECTIONS:
             res = await framework.rebuild(conn, p, reader=reader)
             rows = await conn.fetchval(f"SELECT count(*) FROM {p.tables[0].name}")
@@ -171,9 +169,9 @@ async def main_async(args: argparse.Namespace, url: str) -> None:
             el = time.perf_counter() - t0
             print(f"check tasks: {el:.1f}s, {head / el:,.0f} events/s, {len(diffs)} differences", flush=True)
         await reader.close()
-        print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
-              f"Python {platform.python_version()}, "
-              f"{await conn.fetchval('SHOW server_version')}; {datetime.now(UTC):%Y-%m-%d}")
+        await conn.close()
+        info = machine(pg.version)
+        print(f"machine: {describe(info)}; {info['date']}")
 
 
 def main() -> None:
@@ -182,8 +180,8 @@ def main() -> None:
     ap.add_argument("--database-url", default=None)
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args()
-    with server(args.database_url, "tl-bench-rebuild-") as url:
-        asyncio.run(main_async(args, url))
+    with Postgres(args.database_url) as pg:
+        asyncio.run(main_async(args, pg))
 
 
 if __name__ == "__main__":
