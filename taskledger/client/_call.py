@@ -41,6 +41,7 @@ class Call(Generic[T]):
     body: Any = None
     params: Mapping[str, Any] = field(default_factory=dict)
     empty_is_none: bool = False  # 204 (nothing to claim) answers None
+    idempotent: bool = True  # a write sends an Idempotency-Key (the same on each retry)
 
     def content(self) -> bytes | None:
         return None if self.body is None else _enc.encode(self.body)
@@ -59,6 +60,10 @@ class Call(Generic[T]):
 
     def is_write(self) -> bool:
         return self.method in _WRITES
+
+    def idempotency_key(self) -> str | None:
+        """A fresh key for a write that wants one, kept for all its retries."""
+        return new_idempotency_key() if self.idempotent and self.is_write() else None
 
     def decode(self, response: httpx.Response) -> T:
         if response.status_code >= 400:

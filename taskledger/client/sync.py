@@ -19,7 +19,6 @@ from taskledger.client._call import (
     Retry,
     decode_event,
     feed_params,
-    new_idempotency_key,
     retry_stream,
     settings,
     stream_path,
@@ -50,7 +49,7 @@ class Client(Operations):
 
     def send(self, call: Call[T]) -> T:
         """Run one Call: retries included, the answer decoded or an error raised."""
-        key = new_idempotency_key() if call.is_write() else None
+        key = call.idempotency_key()
         headers = call.headers(self._headers, key)
         content, params = call.content(), call.query()
         attempt = 0

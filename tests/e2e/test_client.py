@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import asyncpg
 import msgspec
 import pytest
 
@@ -483,6 +484,26 @@ def test_claim_batch_takes_several_tasks_each_with_a_lease_of_its_own(server: Se
         assert [t.id for t in rest.tasks] == [made[2].id]
         assert worker.claim_batch(5, projects=["batch-claim"]).tasks == []
         worker.start(got.tasks[0].id, got.tasks[0].lease_id or "")
+
+
+def test_a_polling_claim_sends_no_idempotency_key_and_an_empty_one_records_nothing(
+        server: ServerProcess, db_url: str) -> None:
+    async def recorded() -> int:
+        conn = await asyncpg.connect(db_url)
+        try:
+            return int(await conn.fetchval("SELECT count(*) FROM idempotency_keys"))
+        finally:
+            await conn.close()
+
+    with Client(server.base, server.token("worker", node="poller")) as w:
+        before = asyncio.run(recorded())
+        assert w.claim(projects=["idle"], idempotent=False) is None
+        assert w.claim_batch(3, projects=["idle"], idempotent=False).tasks == []
+        assert w.claim_job(projects=["idle"], idempotent=False) is None
+        assert asyncio.run(recorded()) == before
+        assert w.claim(projects=["idle"]) is None  # the default: the answer is kept for a retry
+        assert w.claim_job(projects=["idle"]) is None
+        assert asyncio.run(recorded()) == before + 2
 
 
 def test_the_readme_loop_in_python_runs_as_written(server: ServerProcess, capsys: pytest.CaptureFixture[str]) -> None:
