@@ -33,6 +33,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from taskledger.events.actor import system_meta
 from taskledger.events.canonical import GENESIS_HASH, event_hash
 from taskledger.events.store import ANY, EVENT_ROW_SQL, LogTx, NewEvent, RecordedEvent, event_json
 
@@ -123,7 +124,7 @@ async def append_checkpoint(
             return None
     data = checkpoint_data(key, log.head_seq, log.head_hash)
     (ev,) = await log.append(CHECKPOINT_STREAM, [NewEvent(type=CHECKPOINT_TYPE, data=data)],
-                             expected_version=ANY, meta={"actor": "taskledger", "role": "system"})
+                             expected_version=ANY, meta=system_meta())
     return ev
 
 
