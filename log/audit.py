@@ -13,6 +13,7 @@ from typing import Any, Final
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from taskledger.events.actor import system_meta
 from taskledger.events.audit import (
     CHECKPOINT_STREAM,
     CHECKPOINT_TYPE,
@@ -57,7 +58,7 @@ async def append_checkpoint(
             return None
     data = checkpoint_data(key, log.head_seq, log.head_hash)
     (ev,) = await log.append(CHECKPOINT_STREAM, [NewEvent(type=CHECKPOINT_TYPE, data=data)],
-                             expected_version=ANY, meta={"actor": "taskledger", "role": "system"})
+                             expected_version=ANY, meta=system_meta())
     return ev
 
 

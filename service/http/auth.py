@@ -17,7 +17,7 @@ import logging
 import secrets
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, Final, Protocol
@@ -28,6 +28,7 @@ from litestar.connection import ASGIConnection
 from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
 from litestar.handlers.base import BaseRouteHandler
 from litestar.middleware import AbstractAuthenticationMiddleware, AuthenticationResult
+from litestar.types import ASGIApp
 
 from taskledger.events.errors import AlreadyExists
 
@@ -220,15 +221,27 @@ def bearer(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     return None
 
 
+Authenticator = Callable[[ASGIConnection[Any, Any, Any, Any]], Awaitable[Principal | None]]
+"""Another way in for a request without a bearer token (the dashboard's session cookie)."""
+
+
 class AuthMiddleware(AbstractAuthenticationMiddleware):
+    """A bearer token, else the first of `authenticators` that knows the caller.
+    `tokens` is read per request: the store is opened by the app's lifespan."""
+
+    def __init__(self, app: ASGIApp, *, tokens: Callable[[], TokenStore],
+                 authenticators: Sequence[Authenticator], **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._tokens = tokens
+        self._authenticators = authenticators
+
     async def authenticate_request(
         self, connection: ASGIConnection[Any, Any, Any, Any]
     ) -> AuthenticationResult:
-        store: TokenStore = connection.app.state.tokens
+        store = self._tokens()
         secret = bearer(connection)
         if secret is None:
-            extra = connection.app.state.get("extra_authenticators", ())
-            for fn in extra:
+            for fn in self._authenticators:
                 p = await fn(connection)
                 if p is not None:
                     return AuthenticationResult(user=p, auth=None)
