@@ -32,7 +32,7 @@ def migrate_now(url: str) -> list[str]:
 
 
 async def _bootstrap_admin(url: str) -> str | None:
-    from taskledger.service.http.auth import create_token
+    from taskledger.service.tokens import create_token
 
     conn = await asyncpg.connect(url)
     try:

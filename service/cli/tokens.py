@@ -15,7 +15,7 @@ from taskledger.service.cli.serve import migrate_now
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
-    from taskledger.service.http.auth import create_token
+    from taskledger.service.tokens import create_token
 
     if args.role == "worker" and not args.node:
         print("a worker token needs --node", file=sys.stderr)
@@ -38,7 +38,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:
-    from taskledger.service.http.auth import list_tokens
+    from taskledger.service.tokens import list_tokens
 
     url, handle = database_url(args)
 
@@ -69,7 +69,7 @@ def cmd_token_list(args: argparse.Namespace) -> int:
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:
-    from taskledger.service.http.auth import revoke_token
+    from taskledger.service.tokens import revoke_token
 
     url, handle = database_url(args)
 

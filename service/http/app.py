@@ -21,19 +21,20 @@ from litestar.openapi.spec import Components, SecurityScheme
 
 from taskledger.service.background import cancel_all
 from taskledger.service.http import openapi_docs, server_signals
-from taskledger.service.http.auth import PUBLIC_PATHS, AuthMiddleware, TokenStore
+from taskledger.service.http.auth import PUBLIC_PATHS, AuthMiddleware
 from taskledger.service.http.deps import Services, dependencies
 from taskledger.service.http.live import Hub
-from taskledger.service.http.metrics import Metrics
 from taskledger.service.http.problems import exception_handlers
 from taskledger.service.http.routes import admin, dashboard, jobs, streams, system, task_batches, tasks, webhooks
 from taskledger.service.http.sessions import Sessions, deployment_secret
 from taskledger.service.http.telemetry import Tracing, request_middleware
+from taskledger.service.metrics import Metrics
 from taskledger.service.ops import sweepers
 from taskledger.service.ops.audit_key import load_or_create
 from taskledger.service.ops.migrate import migrate
 from taskledger.service.ops.webhooks import Deliverer
 from taskledger.service.settings import Settings
+from taskledger.service.tokens import TokenStore
 from taskledger.service.writer import tasks as task_commands
 from taskledger.service.writer.commands import CommandRunner
 from taskledger.service.writer.engine import Writer

@@ -24,13 +24,14 @@ from litestar import Litestar
 from litestar.di import NamedDependency, Provide
 from litestar.params import SkipValidation
 
-from taskledger.service.http.auth import Authenticator, TokenStore
+from taskledger.service.http.auth import Authenticator
 from taskledger.service.http.live import Hub
-from taskledger.service.http.metrics import Metrics
 from taskledger.service.http.sessions import Sessions
+from taskledger.service.metrics import Metrics
 from taskledger.service.ops.rebuilds import RebuildRun
 from taskledger.service.ops.webhooks import Deliverer
 from taskledger.service.settings import Settings
+from taskledger.service.tokens import TokenStore
 from taskledger.service.writer.commands import CommandRunner
 from taskledger.service.writer.engine import Writer
 

@@ -60,7 +60,7 @@ import asyncpg
 
 from taskledger import log as store
 from taskledger.service.background import cancel_all
-from taskledger.service.http.metrics import Metrics
+from taskledger.service.metrics import Metrics
 
 log = logging.getLogger("taskledger.live")
 

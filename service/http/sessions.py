@@ -14,7 +14,7 @@ from typing import Final
 
 import asyncpg
 
-from taskledger.service.http.auth import LIVE_BEARER_SQL, Principal, TokenStore, hash_token
+from taskledger.service.tokens import LIVE_BEARER_SQL, Principal, TokenStore, hash_token
 
 VERSION: Final = "v1"
 _HASH_LEN: Final = 64  # sha256 hex

@@ -28,8 +28,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from taskledger.events import audit
 from taskledger.events.actor import SYSTEM_ACTOR, SYSTEM_ROLE
 from taskledger.log import audit as stored_audit
-from taskledger.service.http.auth import Principal
 from taskledger.service.settings import Settings
+from taskledger.service.tokens import Principal
 from taskledger.service.writer import jobs as job_commands
 from taskledger.service.writer import tasks as task_commands
 from taskledger.service.writer.commands import Ctx

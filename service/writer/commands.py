@@ -13,8 +13,8 @@ from litestar import Request
 
 from taskledger.events.canonical import canonical_json
 from taskledger.events.errors import IdempotencyConflict, ValidationFailed
-from taskledger.service.http.auth import Principal
 from taskledger.service.logs import REQUEST_ID
+from taskledger.service.tokens import Principal
 from taskledger.service.writer.engine import Prefetch, UnitOfWork, Writer
 
 T = TypeVar("T")

@@ -33,7 +33,7 @@ import asyncpg
 
 from taskledger.events.errors import DomainError
 from taskledger.log import ANY, LogTx, NewEvent, RecordedEvent
-from taskledger.service.http.metrics import Metrics
+from taskledger.service.metrics import Metrics
 
 log = logging.getLogger("taskledger.writer")
 

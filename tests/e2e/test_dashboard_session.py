@@ -14,10 +14,10 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from taskledger.service.http.app import create_app
-from taskledger.service.http.auth import hash_token
 from taskledger.service.http.deps import services_of
 from taskledger.service.http.routes.dashboard import COOKIE
 from taskledger.service.http.sessions import Sessions, b64
+from taskledger.service.tokens import hash_token
 from tests.conftest import ADMIN_TOKEN, AppHarness, ServerProcess, settings_for
 from tests.flows import create_task, project
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from taskledger.service.http import deps
 from taskledger.service.http.app import create_app
-from taskledger.service.http.metrics import Metrics
+from taskledger.service.metrics import Metrics
 from taskledger.service.settings import Settings
 from tests.conftest import AppHarness
 

@@ -56,10 +56,10 @@ from taskledger.events.task.state import TaskState
 from taskledger.log import audit as stored_audit
 from taskledger.projections import catalog, framework
 from taskledger.projections import tasks as views
-from taskledger.service.http.auth import Principal, hash_token
 from taskledger.service.http.deps import MetricsDep, PoolDep, SessionsDep
-from taskledger.service.http.metrics import Metrics
 from taskledger.service.http.sessions import Sessions
+from taskledger.service.metrics import Metrics
+from taskledger.service.tokens import Principal, hash_token
 
 COOKIE: Final = "tl_session"
 READ_METHODS: Final = frozenset({"GET", "HEAD"})

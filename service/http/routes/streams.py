@@ -28,12 +28,12 @@ from sse_starlette.sse import SendTimeoutError
 
 from taskledger import log as store
 from taskledger.events.errors import JobNotFound, TaskNotFound, ValidationFailed
-from taskledger.service.http.auth import Principal, TokenStore
 from taskledger.service.http.deps import HubDep, PoolDep, SettingsDep, TokensDep
 from taskledger.service.http.live import Filter, Hub, Refusal, Row, frame
 from taskledger.service.http.problems import problem
 from taskledger.service.http.routes.common import MAX_STREAM_SEQ, SinceSeq, StreamSinceSeq, check_id, split_types
 from taskledger.service.settings import Settings
+from taskledger.service.tokens import Principal, TokenStore
 
 log = logging.getLogger("taskledger.sse")
 

@@ -12,9 +12,10 @@ from litestar.params import JSONBody, Parameter, QueryParameter
 
 from taskledger import log as store
 from taskledger.events.errors import NotFound, ValidationFailed
-from taskledger.service.http.auth import Principal, TokenInfo, create_token, list_tokens, requires, revoke_token
+from taskledger.service.http.auth import requires
 from taskledger.service.http.deps import DrainingDep, MetricsDep, PoolDep, WriterDep
 from taskledger.service.http.routes.common import SinceSeq, known_query_only, split_types
+from taskledger.service.tokens import Principal, TokenInfo, create_token, list_tokens, revoke_token
 
 log = logging.getLogger("taskledger.system")
 

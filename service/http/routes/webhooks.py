@@ -12,10 +12,11 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 
 from taskledger import log as store
 from taskledger.events.errors import NotFound, ValidationFailed
-from taskledger.service.http.auth import Principal, requires
+from taskledger.service.http.auth import requires
 from taskledger.service.http.deps import PoolDep
 from taskledger.service.http.routes.common import check_id
 from taskledger.service.ops.webhooks import ISSUE_TYPES
+from taskledger.service.tokens import Principal
 
 Url = Annotated[str, msgspec.Meta(min_length=8, max_length=2000, pattern=r"^https?://[^\s/?#]+[^\s]*$")]
 EventType = Annotated[str, msgspec.Meta(min_length=1, max_length=100, pattern=r"^[a-z_]+(\.[a-z_]*)?$")]
