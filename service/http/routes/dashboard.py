@@ -369,38 +369,30 @@ async def tasks_as_of(
     head = await _within_head(pool, as_of_seq)
     cursor = 0
     if after is not None:
-        found = await pool.fetchval("SELECT created_seq FROM tasks WHERE id = $1", after)
+        found = await views.created_seq_of(pool, after)
         if found is None:
             raise ValidationFailed(f"after: no task {after}")
-        cursor = int(found)
-    rows = await pool.fetch(
-        "SELECT id, seq, body::text AS body FROM tasks WHERE created_seq > $1 AND created_seq <= $2 "
-        f"ORDER BY created_seq LIMIT {int(limit) + 1}", cursor, as_of_seq)
+        cursor = found
+    rows = await views.rows_created_by(pool, as_of_seq, after_created_seq=cursor, limit=limit + 1)
     page = rows[:limit]
     states: dict[str, TaskState] = {}
-    later = [f"task:{r['id']}" for r in page if r["seq"] > as_of_seq]
+    later = [f"task:{r.id}" for r in page if r.seq > as_of_seq]
     if later:
         views.fold_page(states, None, await store.read_stream_before(pool, later, as_of_seq + 1))
     user: Principal = request.user
     viewer = None if user.role == "admin" else user.token_id  # lease ids only to their holder
-    out = [views.visible_to(states[r["id"]] if r["seq"] > as_of_seq else views.decode_state(r["body"]), viewer)
+    out = [views.visible_to(states[r.id] if r.seq > as_of_seq else views.decode_state(r.body), viewer)
            for r in page]
     return BoardPage(as_of_seq=as_of_seq, head_seq=head, tasks=out,
-                     next_after=page[-1]["id"] if len(rows) > limit else None)
+                     next_after=page[-1].id if len(rows) > limit else None)
 
 
 @get("/dashboard/blockers", operation_id="listBlockersAsOf", tags=["dashboard"],
      summary="The blockers open after a seq, as they stood then")
 async def blockers_as_of(pool: PoolDep, as_of_seq: AsOfSeq) -> BlockersAsOf:
     await _within_head(pool, as_of_seq)
-    rows = await pool.fetch(
-        "SELECT body::text AS body FROM blockers WHERE opened_seq <= $1 "
-        "AND (resolved_seq IS NULL OR resolved_seq > $1) ORDER BY opened_seq LIMIT 1000", as_of_seq)
-    out = []
-    for r in rows:
-        b = msgspec.json.decode(r["body"], type=views.Blocker)
-        out.append(msgspec.structs.replace(b, open=True, resolved_seq=None, resolved_at=None,
-                                           resolution=None, notes=None))
+    out = [msgspec.structs.replace(b, open=True, resolved_seq=None, resolved_at=None, resolution=None, notes=None)
+           for b in await views.blockers_open_at(pool, as_of_seq)]
     return BlockersAsOf(as_of_seq=as_of_seq, blockers=out)
 
 

@@ -244,31 +244,20 @@ class TaskController(Controller):
         after: Annotated[str | None, QueryParameter(max_length=128)] = None,
     ) -> TaskList:
         ctx = ctx_of(request)
-        clauses: list[str] = []
-        args: list[Any] = []
-        for col, val in (("t.state =", task_state), ("t.project =", project),
-                         ("t.parent_task_id =", parent_task_id), ("t.task_type =", task_type),
-                         ("t.assignee =", assignee), ("t.body->>'worker' =", worker),
-                         ("t.body->>'node' =", node), ("t.body->'labels' ?", label),
-                         ("(t.body->>'escalated')::boolean =", escalated)):
-            if val is not None:
-                args.append(val)
-                clauses.append(f"{col} ${len(args)}")
+        cursor = None
         if after is not None:
             check_id(after, "after")
-            cursor = await pool.fetchval("SELECT created_seq FROM tasks WHERE id = $1", after)
+            cursor = await views.created_seq_of(pool, after)
             if cursor is None:
                 raise ValidationFailed(f"after: no task {after}")
-            args.append(cursor)
-            clauses.append(f"t.created_seq > ${len(args)}")
-        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-        args.append(viewer(ctx))
-        rows = await pool.fetch(
-            f"{views.view_sql(len(args))} {where} ORDER BY t.created_seq LIMIT {int(limit) + 1}", *args)
-        items = [msgspec.Raw(r["body"].encode()) for r in rows[:limit]]
+        flt = views.TaskFilter(state=task_state, project=project, parent_task_id=parent_task_id,
+                               task_type=task_type, assignee=assignee, worker=worker, node=node, label=label,
+                               escalated=escalated)
+        rows = await views.list_views(pool, flt, viewer=viewer(ctx), after_created_seq=cursor, limit=limit + 1)
+        items = [msgspec.Raw(body.encode()) for body in rows[:limit]]
         next_after = None
         if len(rows) > limit:
-            next_after = msgspec.json.decode(rows[limit - 1]["body"])["id"]
+            next_after = msgspec.json.decode(rows[limit - 1])["id"]
         return TaskList(tasks=items, next_after=next_after)
 
     @post("/claim", operation_id="claimTask", guards=[requires("worker")], status_code=200)
@@ -430,8 +419,7 @@ class TaskController(Controller):
     ) -> Response[Any]:
         ctx = ctx_of(request)
         check_id(task_id, "task id")
-        parent_project = await pool.fetchval(
-            "SELECT project FROM tasks WHERE id = $1", task_id)
+        parent_project = await views.project_of(pool, task_id)
         subs = [to_new_task(b, parent_task_id=task_id, project=parent_project) for b in data.new_subtasks]
         review = Review(decision=data.decision, notes=data.notes, goal_clear=data.goal_clear,
                         coverage=data.coverage, next_round=data.next_round, new_subtasks=subs)
@@ -448,15 +436,8 @@ async def list_blockers(
     task_id: Annotated[str | None, QueryParameter(max_length=128)] = None,
     limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
 ) -> BlockerList:
-    clauses, args = [], []
-    for col, val in (("open", open), ("project", project), ("task_id", task_id)):
-        if val is not None:
-            args.append(val)
-            clauses.append(f"{col} = ${len(args)}")
-    where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-    rows = await pool.fetch(
-        f"SELECT body::text AS body FROM blockers {where} ORDER BY opened_seq LIMIT {int(limit)}", *args)
-    return BlockerList(blockers=[msgspec.Raw(r["body"].encode()) for r in rows])
+    rows = await views.list_blockers(pool, open=open, project=project, task_id=task_id, limit=limit)
+    return BlockerList(blockers=[msgspec.Raw(body.encode()) for body in rows])
 
 
 ROUTES = [TaskController, list_blockers]
