@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 import msgspec
 
@@ -119,6 +119,49 @@ async def replay(conn: Reader, job_id: str, *, to_seq: int | None = None) -> job
             created_seq=rows[0].seq,
         )
     return state
+
+
+# --------------------------------------------------------------------------- reads for the routes
+
+
+class Query(Protocol):
+    async def fetch(self, sql: str, *args: Any) -> Any: ...
+    async def fetchval(self, sql: str, *args: Any) -> Any: ...
+
+
+class JobListRow(NamedTuple):
+    state: job_state.JobState
+    created_seq: int
+    lease_expires_at: datetime | None
+    now: datetime  # the statement's time, to judge the lease by
+
+
+async def exists(conn: Query, job_id: str) -> bool:
+    return bool(await conn.fetchval("SELECT 1 FROM jobs WHERE id = $1", job_id))
+
+
+async def list_page(conn: Query, *, after_created_seq: int, state: str | None, project: str | None,
+                    limit: int) -> list[JobListRow]:
+    """Up to `limit` jobs created after `after_created_seq`, in creation order, with their lease."""
+    clauses: list[str] = ["j.created_seq > $1"]
+    args: list[Any] = [after_created_seq]
+    if state is not None:
+        args.append(state)
+        clauses.append(f"j.state = ${len(args)}")
+    if project is not None:
+        args.append(project)
+        clauses.append(f"j.project = ${len(args)}")
+    rows = await conn.fetch(
+        "SELECT j.body::text AS body, j.created_seq, l.expires_at, statement_timestamp() AS now FROM jobs j "
+        "LEFT JOIN job_leases l ON l.job_id = j.id "
+        f"WHERE {' AND '.join(clauses)} ORDER BY created_seq LIMIT {int(limit)}",
+        *args,
+    )
+    return [JobListRow(decode_state(r["body"]), r["created_seq"], r["expires_at"], r["now"]) for r in rows]
+
+
+async def count_by_state(conn: Query) -> dict[str, int]:
+    return {r["state"]: int(r["n"]) for r in await conn.fetch("SELECT state, count(*) AS n FROM jobs GROUP BY state")}
 
 
 # --------------------------------------------------------------------------- rebuild and check

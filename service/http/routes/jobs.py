@@ -21,7 +21,8 @@ from taskledger.events.errors import JobNotFound, ValidationFailed
 from taskledger.events.job import events as job_events
 from taskledger.events.job import rules as job_rules
 from taskledger.events.job import state as job_state
-from taskledger.projections.jobs import decode_state, replay, stream_of
+from taskledger.projections import jobs as job_views
+from taskledger.projections.jobs import replay, stream_of
 from taskledger.service.http.auth import requires
 from taskledger.service.http.deps import CommandRunnerDep, PoolDep, SettingsDep
 from taskledger.service.http.routes.common import StreamSinceSeq, check_id, known_query_only, respond
@@ -200,22 +201,10 @@ class JobController(Controller):
         after: Annotated[int | None, QueryParameter(ge=0, le=2**62)] = None,
     ) -> dict[str, Any]:
         """Jobs in creation order; `after` is the `created_seq` of the last one seen."""
-        clauses: list[str] = ["j.created_seq > $1"]
-        args: list[Any] = [after or 0]
-        if job_state is not None:
-            args.append(job_state)
-            clauses.append(f"j.state = ${len(args)}")
-        if project is not None:
-            args.append(project)
-            clauses.append(f"j.project = ${len(args)}")
-        rows = await pool.fetch(
-            "SELECT j.body::text AS body, j.created_seq, l.expires_at, statement_timestamp() AS now FROM jobs j "
-            "LEFT JOIN job_leases l ON l.job_id = j.id "
-            f"WHERE {' AND '.join(clauses)} ORDER BY created_seq LIMIT {int(limit)}",
-            *args,
-        )
-        jobs = [job_commands.view(decode_state(r["body"]), r["now"], r["expires_at"]) for r in rows]
-        return {"jobs": jobs, "next_after": rows[-1]["created_seq"] if rows else after or 0}
+        rows = await job_views.list_page(pool, after_created_seq=after or 0, state=job_state, project=project,
+                                         limit=limit)
+        jobs = [job_commands.view(r.state, r.now, r.lease_expires_at) for r in rows]
+        return {"jobs": jobs, "next_after": rows[-1].created_seq if rows else after or 0}
 
     @get("/{job_id:str}", operation_id="getJob")
     async def get_job(
@@ -242,7 +231,7 @@ class JobController(Controller):
         check_id(job_id, "job id")
         since = since_seq or 0
         async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-            if not await conn.fetchval("SELECT 1 FROM jobs WHERE id = $1", job_id):
+            if not await job_views.exists(conn, job_id):
                 raise JobNotFound(f"job {job_id} does not exist", job_id=job_id)
             rows = await store.stream_rows(conn, stream_of(job_id), since, limit)
         return EventsPage(
