@@ -18,6 +18,7 @@ from taskledger import log as store
 from taskledger.events.job import events as job_events
 from taskledger.events.job import state as job_state
 from taskledger.log import RecordedEvent
+from taskledger.projections.where import where
 
 NAME: Final = "jobs"
 SCHEMA_VERSION: Final = 1
@@ -143,18 +144,12 @@ async def exists(conn: Query, job_id: str) -> bool:
 async def list_page(conn: Query, *, after_created_seq: int, state: str | None, project: str | None,
                     limit: int) -> list[JobListRow]:
     """Up to `limit` jobs created after `after_created_seq`, in creation order, with their lease."""
-    clauses: list[str] = ["j.created_seq > $1"]
-    args: list[Any] = [after_created_seq]
-    if state is not None:
-        args.append(state)
-        clauses.append(f"j.state = ${len(args)}")
-    if project is not None:
-        args.append(project)
-        clauses.append(f"j.project = ${len(args)}")
+    args: list[Any] = []
+    cond = where([("j.created_seq >", after_created_seq), ("j.state =", state), ("j.project =", project)], args)
     rows = await conn.fetch(
         "SELECT j.body::text AS body, j.created_seq, l.expires_at, statement_timestamp() AS now FROM jobs j "
         "LEFT JOIN job_leases l ON l.job_id = j.id "
-        f"WHERE {' AND '.join(clauses)} ORDER BY created_seq LIMIT {int(limit)}",
+        f"{cond} ORDER BY created_seq LIMIT {int(limit)}",
         *args,
     )
     return [JobListRow(decode_state(r["body"]), r["created_seq"], r["expires_at"], r["now"]) for r in rows]

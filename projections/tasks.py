@@ -20,6 +20,7 @@ from taskledger.events.task.events import CheckerReport, TaskBlocked, TaskCancel
 from taskledger.events.task.rules import escalate_at
 from taskledger.events.task.state import TaskState, evolve
 from taskledger.log import RecordedEvent
+from taskledger.projections.where import where
 
 NAME = "tasks"
 VERSION = 1
@@ -258,19 +259,11 @@ async def list_views(conn: Conn, flt: TaskFilter, *, viewer: str | None, after_c
                      limit: int) -> list[str]:
     """Up to `limit` task views (JSON, as `view_sql` lays them out for `viewer`) matching
     `flt`, in creation order, created after `after_created_seq`."""
-    clauses: list[str] = []
     args: list[Any] = []
-    for field, sql in _FILTER_SQL:
-        val = getattr(flt, field)
-        if val is not None:
-            args.append(val)
-            clauses.append(f"{sql} ${len(args)}")
-    if after_created_seq is not None:
-        args.append(after_created_seq)
-        clauses.append(f"t.created_seq > ${len(args)}")
-    where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+    cond = where([(sql, getattr(flt, field)) for field, sql in _FILTER_SQL] + [("t.created_seq >", after_created_seq)],
+                 args)
     args.append(viewer)
-    rows = await conn.fetch(f"{view_sql(len(args))} {where} ORDER BY t.created_seq LIMIT {int(limit)}", *args)
+    rows = await conn.fetch(f"{view_sql(len(args))} {cond} ORDER BY t.created_seq LIMIT {int(limit)}", *args)
     return [r["body"] for r in rows]
 
 
@@ -286,14 +279,10 @@ async def rows_created_by(conn: Conn, as_of_seq: int, *, after_created_seq: int,
 async def list_blockers(conn: Conn, *, open: bool | None, project: str | None, task_id: str | None,
                         limit: int) -> list[str]:
     """Up to `limit` blocker records (JSON) matching the filters, oldest first."""
-    clauses, args = [], []
-    for col, val in (("open", open), ("project", project), ("task_id", task_id)):
-        if val is not None:
-            args.append(val)
-            clauses.append(f"{col} = ${len(args)}")
-    where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+    args: list[Any] = []
+    cond = where([("open =", open), ("project =", project), ("task_id =", task_id)], args)
     rows = await conn.fetch(
-        f"SELECT body::text AS body FROM blockers {where} ORDER BY opened_seq LIMIT {int(limit)}", *args)
+        f"SELECT body::text AS body FROM blockers {cond} ORDER BY opened_seq LIMIT {int(limit)}", *args)
     return [r["body"] for r in rows]
 
 
