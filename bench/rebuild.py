@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import os
-import platform
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -31,15 +29,15 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from bench.scratch import migrated_database, server
+from bench.harness import Database, Postgres, describe, machine
+from taskledger import log as store
 from taskledger.events.canonical import GENESIS_HASH, canonical_json, event_hash, format_ts
 from taskledger.events.lease import Holder
 from taskledger.events.task.events import Requirement, RequirementVerdict, event_type, payload
 from taskledger.events.task.panel import Verdict, decide_complete, decide_verifier_complete
 from taskledger.events.task.rules import Claim, NewTask, decide_claim, decide_collect, decide_create, decide_start
 from taskledger.events.task.state import evolve
-from taskledger.projections import framework
-from taskledger.service.ops.embedded import with_database
+from taskledger.projections import catalog, framework
 
 PH = "XQXIDXQX"
 _enc = msgspec.json.Encoder()
@@ -143,36 +141,37 @@ async def raw_reads(conn: asyncpg.Connection, head: int) -> dict[str, float]:
     t0 = time.perf_counter()
     pos = n = 0
     while pos < head:
-        page = await framework.read_page(conn, "task:", pos, min(pos + framework.PAGE_SEQS, head))
+        page = await store.read_page(conn, "task:", pos, min(pos + framework.PAGE_SEQS, head))
         n += len(page)
         pos += framework.PAGE_SEQS
     out["the rebuild's paged read (10,000 seqs a page)"] = n / (time.perf_counter() - t0)
     return out
 
 
-async def main_async(args: argparse.Namespace, url: str) -> None:
-    async with migrated_database(url, "tl_bench_rebuild_") as conn:
+async def main_async(args: argparse.Namespace, pg: Postgres) -> None:
+    async with Database(pg.url, "tl_bench_rebuild_") as db:
+        conn = await asyncpg.connect(db.url)
         head, secs = await seed(conn, args.events)
         print(f"seeded {head:,} events in {secs:.1f}s ({head / secs:,.0f} events/s)", flush=True)
         size = await conn.fetchval("SELECT pg_size_pretty(pg_total_relation_size('events'))")
         print(f"events table: {size}", flush=True)
         for label, rate in (await raw_reads(conn, head)).items():
             print(f"raw read, {label}: {rate:,.0f} events/s", flush=True)
-        reader = await asyncpg.connect(with_database(url, await conn.fetchval("SELECT current_database()")))
-        for p in framework.select(None):
+        reader = await asyncpg.connect(db.url)
+        for p in catalog.PROJECTIONS:
             res = await framework.rebuild(conn, p, reader=reader)
             rows = await conn.fetchval(f"SELECT count(*) FROM {p.tables[0].name}")
             print(f"rebuild {p.name}: {res.seconds:.1f}s, {res.events_per_second:,.0f} log events/s, "
                   f"{rows:,} rows, head lock held {res.swap_ms:.1f} ms", flush=True)
         if not args.no_check:
             t0 = time.perf_counter()
-            diffs = await framework.check(conn, [framework.get("tasks")])
+            diffs = await framework.check(conn, [catalog.TASKS])
             el = time.perf_counter() - t0
             print(f"check tasks: {el:.1f}s, {head / el:,.0f} events/s, {len(diffs)} differences", flush=True)
         await reader.close()
-        print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
-              f"Python {platform.python_version()}, "
-              f"{await conn.fetchval('SHOW server_version')}; {datetime.now(UTC):%Y-%m-%d}")
+        await conn.close()
+        info = machine(pg.version)
+        print(f"machine: {describe(info)}; {info['date']}")
 
 
 def main() -> None:
@@ -181,8 +180,8 @@ def main() -> None:
     ap.add_argument("--database-url", default=None)
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args()
-    with server(args.database_url, "tl-bench-rebuild-") as url:
-        asyncio.run(main_async(args, url))
+    with Postgres(args.database_url) as pg:
+        asyncio.run(main_async(args, pg))
 
 
 if __name__ == "__main__":

@@ -55,10 +55,21 @@ from typing import Any, Protocol
 import asyncpg
 import httpx
 
-from bench._sse_env import ROOT, TOKEN, Database, Server, exit_cleanly_on_sigterm, machine, percentile, raise_fd_limit
+from bench.harness import ADMIN_TOKEN as TOKEN
+from bench.harness import (
+    ROOT,
+    Database,
+    Postgres,
+    Server,
+    describe,
+    exit_cleanly_on_sigterm,
+    machine,
+    percentile,
+    raise_fd_limit,
+)
 from bench.sse_latency import Subscriber
-from taskledger.events import store
-from taskledger.events.store import NewEvent
+from taskledger import log as store
+from taskledger.log import NewEvent
 
 FEED = "feed"
 
@@ -227,7 +238,7 @@ class One:
     """`taskledger serve` (granian or uvicorn, W workers) from a checkout: everything in one server."""
 
     def __init__(self, url: str, env: dict[str, str], server: str, workers: int, root: Path) -> None:
-        self.server = Server(url, env=env, server=server, workers=workers, root=root)
+        self.server = Server(url, server=server, workers=workers, env=env, root=root)
         self.base = self.server.base
         self.stream_ports = [self.server.port]
 
@@ -319,8 +330,9 @@ def main() -> None:
     args = ap.parse_args()
     exit_cleanly_on_sigterm()
     raise_fd_limit()
+    pg = Postgres(data_dir=args.data_dir)
     print(f"date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    print(f"machine: {machine()}")
+    print(f"machine: {describe(machine(pg.version))}")
     print(f"command: {' '.join(['python -m bench.sse_capacity', *sys.argv[1:]])}")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     counts = [int(x) for x in args.subscribers.split(",") if x]
@@ -339,11 +351,10 @@ def main() -> None:
         for n in scale_counts:
             scenarios.append(Scenario(ROOT.name, n, lambda url, env, k=k: Split(url, env, k),
                                       f"split: 1 + {k} stream process{'es' if k > 1 else ''}"))
-    db = Database(args.data_dir)
     try:
-        asyncio.run(run_all(args, db, scenarios))
+        asyncio.run(run_all(args, pg.database(), scenarios))
     finally:
-        db.close()
+        pg.close()
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print()
     print("| code | deployment | subscribers | load avg | connected in | KiB per stream | wrong sequences | "
