@@ -12,8 +12,8 @@ import asyncpg
 import pytest
 from httpx_sse._decoders import SSEDecoder
 
-from taskledger.events import store
-from taskledger.events.store import NewEvent
+from taskledger import log as store
+from taskledger.log import NewEvent
 from taskledger.service.http.live import Batch, Filter, Hub, StreamStop
 from taskledger.service.http.routes.streams import SERVER_SEND, _EventSource, _Stream, keep_server_send
 
