@@ -216,6 +216,56 @@ end
 """ + _DONE
 
 
+# Report in batches: claim up to `max` (with "start": true when args[4] is "1",
+# else then POST /tasks/start/batch), then POST /tasks/complete/batch, each task
+# by its own lease (one connection per thread).
+BATCH_DRAIN_LUA = _SETUP + r"""
+COUNTERS = {"cycles", "claims", "empty_claims", "bad"}
+function init(args)
+  prefix, max, claim_starts = args[1], args[3], args[4] == "1"
+  wrk.headers["Authorization"] = "Bearer " .. args[2]
+  wrk.headers["Content-Type"] = "application/json"
+  entries, phase = "", "claim"
+  cycles, claims, empty_claims, bad = 0, 0, 0, 0
+end
+function request()
+  if phase == "claim" then
+    return wrk.format("POST", "/tasks/claim/batch", nil,
+      '{"task_types":["implement"],"projects":["' .. prefix .. '"],"lease_seconds":300,"max":' .. max ..
+      (claim_starts and ',"start":true' or '') .. '}')
+  end
+  return wrk.format("POST", "/tasks/" .. phase .. "/batch", nil, '{"tasks":[' .. entries .. ']}')
+end
+function response(status, headers, body)
+  if status ~= 200 then
+    bad = bad + 1
+    phase = "claim"
+    return
+  end
+  if phase == "claim" then
+    claims = claims + 1
+    local ids, parts = {}, {}
+    for x in string.gmatch(body, '"id":"([^"]+)"') do ids[#ids + 1] = x end
+    local k = 0
+    for x in string.gmatch(body, '"lease_id":"([^"]+)"') do
+      k = k + 1
+      parts[k] = '{"task_id":"' .. ids[k] .. '","lease_id":"' .. x .. '"}'
+    end
+    entries = table.concat(parts, ",")
+    if k == 0 then empty_claims = empty_claims + 1
+    elseif claim_starts then phase = "complete"
+    else phase = "start" end
+  elseif phase == "start" then
+    phase = "complete"
+  else
+    local _, n = string.gsub(body, '"state":"completed"', "")
+    cycles = cycles + n
+    phase = "claim"
+  end
+end
+""" + _DONE
+
+
 def run_wrk(url: str, lua: Path, connections: int, threads: int, seconds: float, args: list[str],
             tmp: Path) -> dict[str, Any]:
     data = wrk(url, lua, connections, seconds, args, tmp, threads=threads)
@@ -274,14 +324,18 @@ async def _gapless(db_url: str) -> bool:
 
 
 class Steps:
-    def __init__(self, srv: Serve, db_url: str, pg_pid: int | None, tmp: Path, seconds: float) -> None:
+    def __init__(self, srv: Serve, db_url: str, pg_pid: int | None, tmp: Path, seconds: float,
+                 tag: str = "") -> None:
         self.srv, self.db_url, self.pg_pid, self.tmp, self.seconds = srv, db_url, pg_pid, tmp, seconds
+        self.tag = tag
         self.results: list[dict[str, Any]] = []
-        for name, text in (("create", CREATE_LUA), ("loop", LOOP_LUA), ("drain", DRAIN_LUA)):
+        for name, text in (("create", CREATE_LUA), ("loop", LOOP_LUA), ("drain", DRAIN_LUA),
+                           ("batch_drain", BATCH_DRAIN_LUA)):
             (tmp / f"{name}.lua").write_text(text)
 
     def record(self, what: str, rate: float, unit: str, data: dict[str, Any], cpu: dict[str, float],
                **extra: Any) -> dict[str, Any]:
+        what = f"{self.tag}{what}"
         r = {"what": what, "rate": rate, "unit": unit, "load": os.getloadavg()[0], "cpu": cpu,
              "p50_ms": data.get("p50_us", 0) / 1000, "p99_ms": data.get("p99_us", 0) / 1000,
              "gapless": asyncio.run(_gapless(self.db_url)) if "duration_us" in data else None,
@@ -313,7 +367,7 @@ class Steps:
                            cpu.result, http_per_s=d["requests_ok"] / d["seconds"], bad=d["bad"],
                            empty_claims=d["empty_claims"], autovacuum=av.share(), vacuumed=sorted(av.tables))
 
-    def route_costs(self, token: str) -> None:
+    def route_costs(self, token: str, worker: str, root: Path) -> None:
         """Serve CPU per request, route by route (µs of the serve process's CPU / answered requests)."""
         get_lua = self.tmp / "get.lua"
         from bench.append_http import GET_LUA
@@ -330,16 +384,28 @@ class Steps:
             self.creates("POST /tasks/batch x100, 32 connections", 100, 32, "R2", token)
         except RuntimeError:
             log("  (no POST /tasks/batch in this checkout)")
+        # the worker's side: cycles over the tasks just created, 8 connections
+        self.drain(100, 8, "R1", worker, "single")
+        if _has_report_batches(root):
+            self.drain(100, 8, "R2", worker, "batch")
 
-    def drain(self, batch: int, connections: int, project: str, token: str) -> dict[str, Any]:
-        lua = self.tmp / "drain.lua"
+    def drain(self, batch: int, connections: int, project: str, token: str, how: str = "batch",
+              seconds: float | None = None) -> dict[str, Any]:
+        """claim->complete cycles over `connections` wrk connections. `how`: `batch`
+        (claim/batch, start/batch, complete/batch), `claim-start` (claim/batch with
+        "start": true, complete/batch) or `single` (claim/batch, then start and
+        complete each task by its own route)."""
+        lua = self.tmp / ("drain.lua" if how == "single" else "batch_drain.lua")
+        args = [project, token, str(batch)] + ([] if how == "single" else ["1" if how == "claim-start" else "0"])
         with CpuMeter(self.srv.proc.pid, self.pg_pid) as cpu, Autovacuum(self.db_url) as av:
-            d = run_wrk(self.srv.base, lua, connections, connections, self.seconds, [project, token, str(batch)],
-                        self.tmp)
-        return self.record(f"taskledger claim/batch (max {batch}) + start + complete, {connections} connections",
-                           d["cycles"] / d["seconds"], "cycles/s", d, cpu.result, bad=d["bad"],
-                           claims=d["claims"], empty_claims=d["empty_claims"], autovacuum=av.share(),
-                           vacuumed=sorted(av.tables))
+            d = run_wrk(self.srv.base, lua, connections, connections, seconds or self.seconds, args, self.tmp)
+        what = {"batch": f"claim/batch (max {batch}) + start/batch + complete/batch",
+                "claim-start": f"claim/batch (max {batch}, start) + complete/batch",
+                "single": f"claim/batch (max {batch}) + start + complete per task"}[how]
+        return self.record(f"taskledger {what}, {connections} connections", d["cycles"] / d["seconds"],
+                           "cycles/s", d, cpu.result, bad=d["bad"], claims=d["claims"],
+                           empty_claims=d["empty_claims"], requests_per_s=d["requests"] / d["seconds"],
+                           autovacuum=av.share(), vacuumed=sorted(av.tables))
 
 
 # ---------------------------------------------------------------------------
@@ -439,6 +505,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--serve-root", type=Path, default=ROOT,
                     help="checkout whose code serves (default: this one)")
+    ap.add_argument("--compare-root", type=Path,
+                    help="another checkout (e.g. the branch's base): the routes step runs on it too, "
+                         "first, on a database of its own, for a before/after in one run")
+    ap.add_argument("--drains", default="batch,claim-start,single",
+                    help="claim->complete shapes of the pgqueuer step: batch, claim-start, single")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
@@ -473,35 +544,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if "pgbench" in steps:
             pgbench()
-        name = f"bench_queue_{uuid.uuid4().hex[:6]}"
-        db_url = create_database(maint, name)
-        srv = Serve(db_url, "granian", args.workers, tmp, root=args.serve_root)
-        try:
-            producer, c = srv.token("producer"), args.connections
-            s = Steps(srv, db_url, pg_pid, tmp, args.seconds)
-            if "routes" in steps:
-                s.route_costs(producer)
-            if "single" in steps:
-                s.creates(f"POST /tasks, {c} connections", 0, c, "S1", producer)
-            if "batch" in steps:
-                s.creates(f"POST /tasks/batch x100, {c} connections", 100, c, "B1", producer)
-            if "loop" in steps:
-                maker = _worker_token(srv, "maker", "node-m")
-                checker = _worker_token(srv, "checker", "node-c")
-                s.loop(args.loop_connections, producer, maker, checker)
-            if "pgqueuer" in steps:
-                qb, qc = args.queue_batch, args.queue_connections
-                bench_pgqueuer(maint, qb, qc, args.seconds, pg_pid, results)
-                s.creates(f"taskledger POST /tasks/batch x{qb}, {qc} connections", qb, qc, "Q", producer,
-                          seconds=args.seconds * 1.5)
-                s.drain(qb, qc, "Q", _worker_token(srv, "drainer", "node-d"))
-            results += s.results
-            ok, n = asyncio.run(_verify_chain(db_url))
-            chain_ok = ok
-            log(f"hash chain over {n} events: {'verifies' if ok else 'BROKEN'}")
-        finally:
-            srv.stop()
-            drop_database(maint, name)
+        compare = "routes" in steps and args.compare_root is not None
+        if compare:
+            results += serve_steps(args, maint, pg_pid, tmp, {"routes"}, args.compare_root, "[base] ")
+        results += serve_steps(args, maint, pg_pid, tmp, steps, args.serve_root, "[this] " if compare else "")
+        chain_ok = all(r.get("chain_ok", True) for r in results)
         if "pgbench" in steps:
             pgbench()
     finally:
@@ -519,9 +566,10 @@ def main(argv: list[str] | None = None) -> int:
             if r["unit"] == "tasks/s":
                 print(f"  {r['what']}: {r['rate'] / baseline:.2f}x the naive transition rate")
     pq = next((r["rate"] for r in results if r["what"].startswith("PgQueuer dequeue")), None)
-    tl = next((r["rate"] for r in results if r["unit"] == "cycles/s"), None)
-    if pq and tl:
-        print(f"  claim->complete cycles / PgQueuer dequeue+ack: {tl / pq:.2f}x")
+    if pq:
+        for r in results:
+            if r["unit"] == "cycles/s" and r["what"].startswith("taskledger"):
+                print(f"  {r['what']} / PgQueuer dequeue+ack: {r['rate'] / pq:.2f}x")
     out = ROOT / "bench" / "results" / f"queue-{started:%Y%m%dT%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"started": started.isoformat(), "args": vars(args), "machine": info,
@@ -529,6 +577,48 @@ def main(argv: list[str] | None = None) -> int:
                               default=str))
     print(f"\nresults: {out}")
     return 0 if chain_ok and all(r["gapless"] in (None, True) for r in results) else 1
+
+
+def serve_steps(args: argparse.Namespace, maint: str, pg_pid: int | None, tmp: Path, steps: set[str],
+                root: Path, tag: str) -> list[dict[str, Any]]:
+    """One `taskledger serve` of `root`'s code on a database of its own, through `steps`;
+    the last result carries whether the hash chain of that database verified."""
+    name = f"bench_queue_{uuid.uuid4().hex[:6]}"
+    db_url = create_database(maint, name)
+    srv = Serve(db_url, "granian", args.workers, tmp, root=root)
+    try:
+        producer, c = srv.token("producer"), args.connections
+        s = Steps(srv, db_url, pg_pid, tmp, args.seconds, tag)
+        if "routes" in steps:
+            s.route_costs(producer, _worker_token(srv, "router", "node-r"), root)
+        if "single" in steps:
+            s.creates(f"POST /tasks, {c} connections", 0, c, "S1", producer)
+        if "batch" in steps:
+            s.creates(f"POST /tasks/batch x100, {c} connections", 100, c, "B1", producer)
+        if "loop" in steps:
+            maker = _worker_token(srv, "maker", "node-m")
+            checker = _worker_token(srv, "checker", "node-c")
+            s.loop(args.loop_connections, producer, maker, checker)
+        if "pgqueuer" in steps:
+            qb, qc = args.queue_batch, args.queue_connections
+            bench_pgqueuer(maint, qb, qc, args.seconds, pg_pid, s.results)
+            s.creates(f"taskledger POST /tasks/batch x{qb}, {qc} connections", qb, qc, "Q", producer,
+                      seconds=args.seconds * 1.5)
+            for how in args.drains.split(","):
+                s.drain(qb, qc, "Q", _worker_token(srv, f"drainer-{how}", f"node-{how}"), how)
+        ok, n = asyncio.run(_verify_chain(db_url))
+        log(f"hash chain over {n} events: {'verifies' if ok else 'BROKEN'}")
+        if s.results:
+            s.results[-1]["chain_ok"] = ok
+        return s.results
+    finally:
+        srv.stop()
+        drop_database(maint, name)
+
+
+def _has_report_batches(root: Path) -> bool:
+    f = root / "service" / "http" / "routes" / "task_batches.py"
+    return f.exists() and '"/start/batch"' in f.read_text()
 
 
 def _worker_token(srv: Serve, name: str, node: str) -> str:

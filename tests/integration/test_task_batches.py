@@ -346,7 +346,8 @@ async def test_report_batches_hold_one_to_a_thousand_entries_of_a_workers_schema
         many = {"tasks": [{"task_id": f"t{i}", "lease_id": "L"} for i in range(1001)]}
         assert (await worker.post(route, many)).status_code == 400
         assert (await producer.post(route, {"tasks": [{"task_id": "t", "lease_id": "L"}]})).status_code == 403
-        r = await worker.post(route, {"tasks": [{"task_id": "t", "lease_id": "L"}, {"task_id": "t 2", "lease_id": "L"}]})
+        bad_id = [{"task_id": "t", "lease_id": "L"}, {"task_id": "t 2", "lease_id": "L"}]
+        r = await worker.post(route, {"tasks": bad_id})
         assert r.status_code == 400 and [e["index"] for e in r.json()["errors"]] == [1], r.text
         r = await worker.post(route, {"tasks": [{"task_id": "t", "lease_id": "L", "what": 1}]})
         assert r.status_code == 400 and r.json()["errors"][0]["index"] == 0, r.text
