@@ -19,13 +19,20 @@ one `taskledger serve` (granian, one worker), every step back to back:
   request built from the previous answer (project per connection, so a
   connection claims what it created). Loops/s and the CPU split.
 - `routes`: serve CPU per request (µs) for `GET /healthz`, `GET /tasks/{id}`,
-  `POST /tasks`, `POST /tasks/batch` (per task) at 32 connections; with
-  `--serve-root DIR` the server runs another checkout's code (before/after).
-- `pgqueuer`: PgQueuer (the `bench` extra) on the same server: enqueue in
-  batches of B from C connections, then dequeue B + ack (log_jobs) from C
-  connections; beside it taskledger's `POST /tasks/batch` (B a request) and
-  claim→complete cycles: `POST /tasks/claim/batch` (max B), then start and
-  complete each claimed task, over C wrk connections.
+  `POST /tasks`, `POST /tasks/batch` (per task) at 32 connections, and per
+  claim->complete cycle (single routes; batch routes where the checkout has
+  them) at 8 connections. `--compare-root DIR` runs this step first on another
+  checkout's code (e.g. `git worktree add --detach ../base main`), then on
+  this one, each on a database of its own: before/after in one run.
+  (`--serve-root DIR` serves another checkout for every step.)
+- `pgqueuer`: taskledger's `POST /tasks/batch` (B a request, C connections)
+  fills its queue; PgQueuer (the `bench` extra) on the same server then
+  enqueues as many jobs (batches of B, C connections; the same depth), then
+  dequeues B + acks (log_jobs) from C connections; then taskledger's
+  claim->complete cycles over C wrk connections, one shape per `--drains`
+  entry: `batch` (claim/batch max B, start/batch, complete/batch),
+  `claim-start` (claim/batch with "start": true, complete/batch), `single`
+  (claim/batch, then start and complete per task).
 
 Every wrk step checks the log afterwards (seq 1..head with no hole); the hash
 chain of the whole log is verified at the end. Results: a markdown table on
@@ -417,8 +424,8 @@ def _self_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def _pgqueuer(db_url: str, batch: int, connections: int, seconds: float, pg_pid: int | None
-                    ) -> list[tuple[str, float, dict[str, float], dict[str, Any]]]:
+async def _pgqueuer(db_url: str, batch: int, connections: int, seconds: float, pg_pid: int | None,
+                    depth: int | None = None) -> list[tuple[str, float, dict[str, float], dict[str, Any]]]:
     from pgqueuer.adapters.persistence.queries import EntrypointExecutionParameter, Queries
 
     conns = [await asyncpg.connect(db_url) for _ in range(connections)]
@@ -428,7 +435,8 @@ async def _pgqueuer(db_url: str, batch: int, connections: int, seconds: float, p
         out = []
 
         async def enqueue(q: Any, stop: float, counts: list[int]) -> None:
-            while time.monotonic() < stop:
+            # with `depth`, as many jobs as taskledger has tasks queued (the same depth), however long
+            while counts[0] < depth if depth is not None else time.monotonic() < stop:
                 await q.enqueue(["bench"] * batch, [b"{}"] * batch, [0] * batch)
                 counts[0] += batch
 
@@ -453,7 +461,9 @@ async def _pgqueuer(db_url: str, batch: int, connections: int, seconds: float, p
                 me = 100 * (_self_cpu() - me0) / el
             # this process is PgQueuer's client: count it as the client
             cpu.result["client"] += me
-            out.append((what, counts[0] / el, cpu.result, {"jobs": counts[0], "empty_dequeues": counts[1]}))
+            queued = out[0][3]["jobs"] if out else 0
+            out.append((what, counts[0] / el, cpu.result, {"jobs": counts[0], "empty_dequeues": counts[1],
+                                                           "queued_before": queued}))
         return out
     finally:
         for c in conns:
@@ -461,11 +471,11 @@ async def _pgqueuer(db_url: str, batch: int, connections: int, seconds: float, p
 
 
 def bench_pgqueuer(maint: str, batch: int, connections: int, seconds: float, pg_pid: int | None,
-                   results: list[dict[str, Any]]) -> None:
+                   results: list[dict[str, Any]], depth: int | None = None) -> None:
     name = f"bench_pgq_{uuid.uuid4().hex[:6]}"
     db_url = create_database(maint, name)
     try:
-        for what, rate, cpu, extra in asyncio.run(_pgqueuer(db_url, batch, connections, seconds, pg_pid)):
+        for what, rate, cpu, extra in asyncio.run(_pgqueuer(db_url, batch, connections, seconds, pg_pid, depth)):
             r = {"what": f"PgQueuer {what} (batch {batch}), {connections} connections", "rate": rate,
                  "unit": "jobs/s", "load": os.getloadavg()[0], "cpu": cpu, "p50_ms": 0.0, "p99_ms": 0.0,
                  "gapless": None, "errors": {}, **extra}
@@ -601,9 +611,10 @@ def serve_steps(args: argparse.Namespace, maint: str, pg_pid: int | None, tmp: P
             s.loop(args.loop_connections, producer, maker, checker)
         if "pgqueuer" in steps:
             qb, qc = args.queue_batch, args.queue_connections
-            bench_pgqueuer(maint, qb, qc, args.seconds, pg_pid, s.results)
-            s.creates(f"taskledger POST /tasks/batch x{qb}, {qc} connections", qb, qc, "Q", producer,
-                      seconds=args.seconds * 1.5)
+            # taskledger's queue first; PgQueuer's then filled to the same depth
+            made = s.creates(f"taskledger POST /tasks/batch x{qb}, {qc} connections", qb, qc, "Q", producer,
+                             seconds=args.seconds * 1.5)
+            bench_pgqueuer(maint, qb, qc, args.seconds, pg_pid, s.results, depth=int(made["created"]))
             for how in args.drains.split(","):
                 s.drain(qb, qc, "Q", _worker_token(srv, f"drainer-{how}", f"node-{how}"), how)
         ok, n = asyncio.run(_verify_chain(db_url))
