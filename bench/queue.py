@@ -578,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     pq = next((r["rate"] for r in results if r["what"].startswith("PgQueuer dequeue")), None)
     if pq:
         for r in results:
-            if r["unit"] == "cycles/s" and r["what"].startswith("taskledger"):
+            if r["unit"] == "cycles/s":
                 print(f"  {r['what']} / PgQueuer dequeue+ack: {r['rate'] / pq:.2f}x")
     out = ROOT / "bench" / "results" / f"queue-{started:%Y%m%dT%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
