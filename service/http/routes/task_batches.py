@@ -50,7 +50,8 @@ class CreateBatch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class ClaimBatch(ClaimBody, forbid_unknown_fields=True, kw_only=True):
     max: Annotated[int, msgspec.Meta(ge=1, le=MAX_CLAIM)] = 10
-    start: bool = False
+    start: Annotated[bool, msgspec.Meta(
+        description="also start each claimed task: its own task.claimed then task.started")] = False
 
 
 class StartEntry(LeaseBody, forbid_unknown_fields=True, kw_only=True):
@@ -128,7 +129,10 @@ class TaskBatchController(Controller):
         return respond(await run(request, ctx, fn))
 
     @post("/start/batch", operation_id="startTasks", guards=[requires("worker")], status_code=200,
-          exception_handlers={ValidationException: _indexed_validation})
+          exception_handlers={ValidationException: _indexed_validation},
+          description="Up to 1,000 `POST /tasks/{id}/start` in one transaction, each by its own lease, "
+                      "in order, all or nothing: a refused entry refuses the batch (its status, "
+                      "`errors[].index`) and nothing is written. Answers the views in order.")
     async def start_batch(self, request: Request[Any, Any, Any], data: JSONBody[StartBatch]) -> Response[Any]:
         """Start up to 1,000 claimed tasks, each by its own lease (`POST /tasks/{id}/start`
         per entry), all or nothing, answered with the views in order."""
@@ -136,7 +140,12 @@ class TaskBatchController(Controller):
         return await _report(request, reports, cmds.start_many)
 
     @post("/complete/batch", operation_id="completeTasks", guards=[requires("worker")], status_code=200,
-          exception_handlers={ValidationException: _indexed_validation})
+          exception_handlers={ValidationException: _indexed_validation},
+          description="Up to 1,000 `POST /tasks/{id}/complete` in one transaction, each entry that "
+                      "route's body plus `task_id`, decided in order against the states the entries "
+                      "before it left (verdicts of one panel decide it as if sent one by one); all or "
+                      "nothing: a refused entry refuses the batch (its status, `errors[].index`) and "
+                      "nothing is written. Answers the views in order.")
     async def complete_batch(self, request: Request[Any, Any, Any], data: JSONBody[CompleteBatch]) -> Response[Any]:
         """Complete up to 1,000 running tasks, each by its own lease with the body of
         `POST /tasks/{id}/complete` (a verify task's `outcome`, `verdicts`, `category`),
