@@ -19,13 +19,20 @@ one `taskledger serve` (granian, one worker), every step back to back:
   request built from the previous answer (project per connection, so a
   connection claims what it created). Loops/s and the CPU split.
 - `routes`: serve CPU per request (µs) for `GET /healthz`, `GET /tasks/{id}`,
-  `POST /tasks`, `POST /tasks/batch` (per task) at 32 connections; with
-  `--serve-root DIR` the server runs another checkout's code (before/after).
-- `pgqueuer`: PgQueuer (the `bench` extra) on the same server: enqueue in
-  batches of B from C connections, then dequeue B + ack (log_jobs) from C
-  connections; beside it taskledger's `POST /tasks/batch` (B a request) and
-  claim→complete cycles: `POST /tasks/claim/batch` (max B), then start and
-  complete each claimed task, over C wrk connections.
+  `POST /tasks`, `POST /tasks/batch` (per task) at 32 connections, and per
+  claim->complete cycle (single routes; batch routes where the checkout has
+  them) at 8 connections. `--compare-root DIR` runs this step first on another
+  checkout's code (e.g. `git worktree add --detach ../base main`), then on
+  this one, each on a database of its own: before/after in one run.
+  (`--serve-root DIR` serves another checkout for every step.)
+- `pgqueuer`: taskledger's `POST /tasks/batch` (B a request, C connections)
+  fills its queue; PgQueuer (the `bench` extra) on the same server then
+  enqueues as many jobs (batches of B, C connections; the same depth), then
+  dequeues B + acks (log_jobs) from C connections; then taskledger's
+  claim->complete cycles over C wrk connections, one shape per `--drains`
+  entry: `batch` (claim/batch max B, start/batch, complete/batch),
+  `claim-start` (claim/batch with "start": true, complete/batch), `single`
+  (claim/batch, then start and complete per task).
 
 Every wrk step checks the log afterwards (seq 1..head with no hole); the hash
 chain of the whole log is verified at the end. Results: a markdown table on
@@ -203,6 +210,56 @@ end
 """ + _DONE
 
 
+# Report in batches: claim up to `max` (with "start": true when args[4] is "1",
+# else then POST /tasks/start/batch), then POST /tasks/complete/batch, each task
+# by its own lease (one connection per thread).
+BATCH_DRAIN_LUA = _SETUP + r"""
+COUNTERS = {"cycles", "claims", "empty_claims", "bad"}
+function init(args)
+  prefix, max, claim_starts = args[1], args[3], args[4] == "1"
+  wrk.headers["Authorization"] = "Bearer " .. args[2]
+  wrk.headers["Content-Type"] = "application/json"
+  entries, phase = "", "claim"
+  cycles, claims, empty_claims, bad = 0, 0, 0, 0
+end
+function request()
+  if phase == "claim" then
+    return wrk.format("POST", "/tasks/claim/batch", nil,
+      '{"task_types":["implement"],"projects":["' .. prefix .. '"],"lease_seconds":300,"max":' .. max ..
+      (claim_starts and ',"start":true' or '') .. '}')
+  end
+  return wrk.format("POST", "/tasks/" .. phase .. "/batch", nil, '{"tasks":[' .. entries .. ']}')
+end
+function response(status, headers, body)
+  if status ~= 200 then
+    bad = bad + 1
+    phase = "claim"
+    return
+  end
+  if phase == "claim" then
+    claims = claims + 1
+    local ids, parts = {}, {}
+    for x in string.gmatch(body, '"id":"([^"]+)"') do ids[#ids + 1] = x end
+    local k = 0
+    for x in string.gmatch(body, '"lease_id":"([^"]+)"') do
+      k = k + 1
+      parts[k] = '{"task_id":"' .. ids[k] .. '","lease_id":"' .. x .. '"}'
+    end
+    entries = table.concat(parts, ",")
+    if k == 0 then empty_claims = empty_claims + 1
+    elseif claim_starts then phase = "complete"
+    else phase = "start" end
+  elseif phase == "start" then
+    phase = "complete"
+  else
+    local _, n = string.gsub(body, '"state":"completed"', "")
+    cycles = cycles + n
+    phase = "claim"
+  end
+end
+""" + _DONE
+
+
 def run_wrk(url: str, lua: Path, connections: int, threads: int, seconds: float, args: list[str],
             tmp: Path) -> dict[str, Any]:
     data = wrk(url, lua, connections, seconds, args, tmp, threads=threads)
@@ -261,14 +318,18 @@ async def _gapless(db_url: str) -> bool:
 
 
 class Steps:
-    def __init__(self, srv: Server, db_url: str, pg_pid: int | None, tmp: Path, seconds: float) -> None:
+    def __init__(self, srv: Server, db_url: str, pg_pid: int | None, tmp: Path, seconds: float,
+                 tag: str = "") -> None:
         self.srv, self.db_url, self.pg_pid, self.tmp, self.seconds = srv, db_url, pg_pid, tmp, seconds
+        self.tag = tag
         self.results: list[dict[str, Any]] = []
-        for name, text in (("create", CREATE_LUA), ("loop", LOOP_LUA), ("drain", DRAIN_LUA)):
+        for name, text in (("create", CREATE_LUA), ("loop", LOOP_LUA), ("drain", DRAIN_LUA),
+                           ("batch_drain", BATCH_DRAIN_LUA)):
             (tmp / f"{name}.lua").write_text(text)
 
     def record(self, what: str, rate: float, unit: str, data: dict[str, Any], cpu: dict[str, float],
                **extra: Any) -> dict[str, Any]:
+        what = f"{self.tag}{what}"
         r = {"what": what, "rate": rate, "unit": unit, "load": os.getloadavg()[0], "cpu": cpu,
              "p50_ms": data.get("p50_us", 0) / 1000, "p99_ms": data.get("p99_us", 0) / 1000,
              "gapless": asyncio.run(_gapless(self.db_url)) if "duration_us" in data else None,
@@ -300,7 +361,7 @@ class Steps:
                            cpu.result, http_per_s=d["requests_ok"] / d["seconds"], bad=d["bad"],
                            empty_claims=d["empty_claims"], autovacuum=av.share(), vacuumed=sorted(av.tables))
 
-    def route_costs(self, token: str) -> None:
+    def route_costs(self, token: str, worker: str, root: Path) -> None:
         """Serve CPU per request, route by route (µs of the serve process's CPU / answered requests)."""
         get_lua = self.tmp / "get.lua"
         from bench.append_http import GET_LUA
@@ -317,16 +378,28 @@ class Steps:
             self.creates("POST /tasks/batch x100, 32 connections", 100, 32, "R2", token)
         except RuntimeError:
             log("  (no POST /tasks/batch in this checkout)")
+        # the worker's side: cycles over the tasks just created, 8 connections
+        self.drain(100, 8, "R1", worker, "single")
+        if _has_report_batches(root):
+            self.drain(100, 8, "R2", worker, "batch")
 
-    def drain(self, batch: int, connections: int, project: str, token: str) -> dict[str, Any]:
-        lua = self.tmp / "drain.lua"
+    def drain(self, batch: int, connections: int, project: str, token: str, how: str = "batch",
+              seconds: float | None = None) -> dict[str, Any]:
+        """claim->complete cycles over `connections` wrk connections. `how`: `batch`
+        (claim/batch, start/batch, complete/batch), `claim-start` (claim/batch with
+        "start": true, complete/batch) or `single` (claim/batch, then start and
+        complete each task by its own route)."""
+        lua = self.tmp / ("drain.lua" if how == "single" else "batch_drain.lua")
+        args = [project, token, str(batch)] + ([] if how == "single" else ["1" if how == "claim-start" else "0"])
         with CpuMeter(self.srv.proc.pid, self.pg_pid) as cpu, Autovacuum(self.db_url) as av:
-            d = run_wrk(self.srv.base, lua, connections, connections, self.seconds, [project, token, str(batch)],
-                        self.tmp)
-        return self.record(f"taskledger claim/batch (max {batch}) + start + complete, {connections} connections",
-                           d["cycles"] / d["seconds"], "cycles/s", d, cpu.result, bad=d["bad"],
-                           claims=d["claims"], empty_claims=d["empty_claims"], autovacuum=av.share(),
-                           vacuumed=sorted(av.tables))
+            d = run_wrk(self.srv.base, lua, connections, connections, seconds or self.seconds, args, self.tmp)
+        what = {"batch": f"claim/batch (max {batch}) + start/batch + complete/batch",
+                "claim-start": f"claim/batch (max {batch}, start) + complete/batch",
+                "single": f"claim/batch (max {batch}) + start + complete per task"}[how]
+        return self.record(f"taskledger {what}, {connections} connections", d["cycles"] / d["seconds"],
+                           "cycles/s", d, cpu.result, bad=d["bad"], claims=d["claims"],
+                           empty_claims=d["empty_claims"], requests_per_s=d["requests"] / d["seconds"],
+                           autovacuum=av.share(), vacuumed=sorted(av.tables))
 
 
 # ---------------------------------------------------------------------------
@@ -338,8 +411,8 @@ def _self_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def _pgqueuer(db_url: str, batch: int, connections: int, seconds: float, pg_pid: int | None
-                    ) -> list[tuple[str, float, dict[str, float], dict[str, Any]]]:
+async def _pgqueuer(db_url: str, batch: int, connections: int, seconds: float, pg_pid: int | None,
+                    depth: int | None = None) -> list[tuple[str, float, dict[str, float], dict[str, Any]]]:
     from pgqueuer.adapters.persistence.queries import EntrypointExecutionParameter, Queries
 
     conns = [await asyncpg.connect(db_url) for _ in range(connections)]
@@ -349,7 +422,8 @@ async def _pgqueuer(db_url: str, batch: int, connections: int, seconds: float, p
         out = []
 
         async def enqueue(q: Any, stop: float, counts: list[int]) -> None:
-            while time.monotonic() < stop:
+            # with `depth`, as many jobs as taskledger has tasks queued (the same depth), however long
+            while counts[0] < depth if depth is not None else time.monotonic() < stop:
                 await q.enqueue(["bench"] * batch, [b"{}"] * batch, [0] * batch)
                 counts[0] += batch
 
@@ -358,9 +432,9 @@ async def _pgqueuer(db_url: str, batch: int, connections: int, seconds: float, p
             eps = {"bench": EntrypointExecutionParameter(concurrency_limit=0)}
             while time.monotonic() < stop:
                 jobs = await q.dequeue(batch, eps, qm_id, None, timedelta(seconds=300))
-                if not jobs:
+                if not jobs:  # its queue is empty: the rate is over the time it had work
                     counts[1] += 1
-                    continue
+                    return
                 await q.log_jobs([(j, "successful", None) for j in jobs])
                 counts[0] += len(jobs)
 
@@ -374,7 +448,9 @@ async def _pgqueuer(db_url: str, batch: int, connections: int, seconds: float, p
                 me = 100 * (_self_cpu() - me0) / el
             # this process is PgQueuer's client: count it as the client
             cpu.result["client"] += me
-            out.append((what, counts[0] / el, cpu.result, {"jobs": counts[0], "empty_dequeues": counts[1]}))
+            queued = out[0][3]["jobs"] if out else 0
+            out.append((what, counts[0] / el, cpu.result, {"jobs": counts[0], "empty_dequeues": counts[1],
+                                                           "queued_before": queued}))
         return out
     finally:
         for c in conns:
@@ -382,11 +458,11 @@ async def _pgqueuer(db_url: str, batch: int, connections: int, seconds: float, p
 
 
 def bench_pgqueuer(maint: str, batch: int, connections: int, seconds: float, pg_pid: int | None,
-                   results: list[dict[str, Any]]) -> None:
+                   results: list[dict[str, Any]], depth: int | None = None) -> None:
     name = f"bench_pgq_{uuid.uuid4().hex[:6]}"
     db_url = create_database(maint, name)
     try:
-        for what, rate, cpu, extra in asyncio.run(_pgqueuer(db_url, batch, connections, seconds, pg_pid)):
+        for what, rate, cpu, extra in asyncio.run(_pgqueuer(db_url, batch, connections, seconds, pg_pid, depth)):
             r = {"what": f"PgQueuer {what} (batch {batch}), {connections} connections", "rate": rate,
                  "unit": "jobs/s", "load": os.getloadavg()[0], "cpu": cpu, "p50_ms": 0.0, "p99_ms": 0.0,
                  "gapless": None, "errors": {}, **extra}
@@ -426,6 +502,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--serve-root", type=Path, default=ROOT,
                     help="checkout whose code serves (default: this one)")
+    ap.add_argument("--compare-root", type=Path,
+                    help="another checkout (e.g. the branch's base): the routes step runs on it too, "
+                         "first, on a database of its own, for a before/after in one run")
+    ap.add_argument("--drains", default="batch,claim-start,single",
+                    help="claim->complete shapes of the pgqueuer step: batch, claim-start, single")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
@@ -457,35 +538,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if "pgbench" in steps:
             pgbench()
-        name = f"bench_queue_{uuid.uuid4().hex[:6]}"
-        db_url = create_database(maint, name)
-        srv = Server(db_url, "granian", args.workers, tmp, root=args.serve_root).wait_ready()
-        try:
-            producer, c = srv.token("producer"), args.connections
-            s = Steps(srv, db_url, pg_pid, tmp, args.seconds)
-            if "routes" in steps:
-                s.route_costs(producer)
-            if "single" in steps:
-                s.creates(f"POST /tasks, {c} connections", 0, c, "S1", producer)
-            if "batch" in steps:
-                s.creates(f"POST /tasks/batch x100, {c} connections", 100, c, "B1", producer)
-            if "loop" in steps:
-                maker = _worker_token(srv, "maker", "node-m")
-                checker = _worker_token(srv, "checker", "node-c")
-                s.loop(args.loop_connections, producer, maker, checker)
-            if "pgqueuer" in steps:
-                qb, qc = args.queue_batch, args.queue_connections
-                bench_pgqueuer(maint, qb, qc, args.seconds, pg_pid, results)
-                s.creates(f"taskledger POST /tasks/batch x{qb}, {qc} connections", qb, qc, "Q", producer,
-                          seconds=args.seconds * 1.5)
-                s.drain(qb, qc, "Q", _worker_token(srv, "drainer", "node-d"))
-            results += s.results
-            ok, n = asyncio.run(_verify_chain(db_url))
-            chain_ok = ok
-            log(f"hash chain over {n} events: {'verifies' if ok else 'BROKEN'}")
-        finally:
-            srv.stop()
-            drop_database(maint, name)
+        compare = "routes" in steps and args.compare_root is not None
+        if compare:
+            results += serve_steps(args, maint, pg_pid, tmp, {"routes"}, args.compare_root, "[base] ")
+        results += serve_steps(args, maint, pg_pid, tmp, steps, args.serve_root, "[this] " if compare else "")
+        chain_ok = all(r.get("chain_ok", True) for r in results)
         if "pgbench" in steps:
             pgbench()
     finally:
@@ -503,9 +560,10 @@ def main(argv: list[str] | None = None) -> int:
             if r["unit"] == "tasks/s":
                 print(f"  {r['what']}: {r['rate'] / baseline:.2f}x the naive transition rate")
     pq = next((r["rate"] for r in results if r["what"].startswith("PgQueuer dequeue")), None)
-    tl = next((r["rate"] for r in results if r["unit"] == "cycles/s"), None)
-    if pq and tl:
-        print(f"  claim->complete cycles / PgQueuer dequeue+ack: {tl / pq:.2f}x")
+    if pq:
+        for r in results:
+            if r["unit"] == "cycles/s":
+                print(f"  {r['what']} / PgQueuer dequeue+ack: {r['rate'] / pq:.2f}x")
     out = ROOT / "bench" / "results" / f"queue-{started:%Y%m%dT%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"started": started.isoformat(), "args": vars(args), "machine": info,
@@ -513,6 +571,49 @@ def main(argv: list[str] | None = None) -> int:
                               default=str))
     print(f"\nresults: {out}")
     return 0 if chain_ok and all(r["gapless"] in (None, True) for r in results) else 1
+
+
+def serve_steps(args: argparse.Namespace, maint: str, pg_pid: int | None, tmp: Path, steps: set[str],
+                root: Path, tag: str) -> list[dict[str, Any]]:
+    """One `taskledger serve` of `root`'s code on a database of its own, through `steps`;
+    the last result carries whether the hash chain of that database verified."""
+    name = f"bench_queue_{uuid.uuid4().hex[:6]}"
+    db_url = create_database(maint, name)
+    srv = Server(db_url, "granian", args.workers, tmp, root=root).wait_ready()
+    try:
+        producer, c = srv.token("producer"), args.connections
+        s = Steps(srv, db_url, pg_pid, tmp, args.seconds, tag)
+        if "routes" in steps:
+            s.route_costs(producer, _worker_token(srv, "router", "node-r"), root)
+        if "single" in steps:
+            s.creates(f"POST /tasks, {c} connections", 0, c, "S1", producer)
+        if "batch" in steps:
+            s.creates(f"POST /tasks/batch x100, {c} connections", 100, c, "B1", producer)
+        if "loop" in steps:
+            maker = _worker_token(srv, "maker", "node-m")
+            checker = _worker_token(srv, "checker", "node-c")
+            s.loop(args.loop_connections, producer, maker, checker)
+        if "pgqueuer" in steps:
+            qb, qc = args.queue_batch, args.queue_connections
+            # taskledger's queue first; PgQueuer's then filled to the same depth
+            made = s.creates(f"taskledger POST /tasks/batch x{qb}, {qc} connections", qb, qc, "Q", producer,
+                             seconds=args.seconds * 1.5)
+            bench_pgqueuer(maint, qb, qc, args.seconds, pg_pid, s.results, depth=int(made["created"]))
+            for how in args.drains.split(","):
+                s.drain(qb, qc, "Q", _worker_token(srv, f"drainer-{how}", f"node-{how}"), how)
+        ok, n = asyncio.run(_verify_chain(db_url))
+        log(f"hash chain over {n} events: {'verifies' if ok else 'BROKEN'}")
+        if s.results:
+            s.results[-1]["chain_ok"] = ok
+        return s.results
+    finally:
+        srv.stop()
+        drop_database(maint, name)
+
+
+def _has_report_batches(root: Path) -> bool:
+    f = root / "service" / "http" / "routes" / "task_batches.py"
+    return f.exists() and '"/start/batch"' in f.read_text()
 
 
 def _worker_token(srv: Server, name: str, node: str) -> str:

@@ -24,15 +24,21 @@ GENESIS_HASH = "0" * 64
 _encoder = msgspec.json.Encoder(order="sorted")
 
 
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def _normalise(value: Any) -> Any:
+    t = type(value)
+    if t in _PLAIN:  # the common leaves, by exact type: no isinstance chain per value
+        return value
     if isinstance(value, float):
         if value.is_integer():
             return int(value)
         return value
     if isinstance(value, dict):
-        return {k: _normalise(v) for k, v in value.items()}
+        return {k: v if type(v) in _PLAIN else _normalise(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_normalise(v) for v in value]
+        return [v if type(v) in _PLAIN else _normalise(v) for v in value]
     return value
 
 
@@ -55,13 +61,16 @@ def hash_event(
     data: Any,
     meta: Any,
     recorded_at: str,
+    meta_json: bytes | None = None,
 ) -> tuple[str, str]:
     """(canonical JSON of `data`, the event's hash): the writer stores the one and
-    chains the other, encoding the payload once."""
+    chains the other, encoding the payload once. `meta_json`, when given, is
+    `canonical_json(meta)` already encoded (one meta for many events)."""
     data_json = canonical_json(data)
     h = hashlib.sha256()
     h.update(prev_hash.encode("ascii"))
-    h.update(_envelope(seq, stream, stream_seq, type, data_json, canonical_json(meta), recorded_at))
+    h.update(_envelope(seq, stream, stream_seq, type, data_json,
+                       canonical_json(meta) if meta_json is None else meta_json, recorded_at))
     return data_json.decode(), h.hexdigest()
 
 

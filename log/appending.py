@@ -23,6 +23,7 @@ Do not change the locking here without reading that document.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -30,12 +31,13 @@ from typing import Any, Final
 import asyncpg
 import msgspec
 
-from taskledger.events.canonical import format_ts, hash_event
+from taskledger.events.canonical import canonical_json, format_ts, hash_event
 from taskledger.events.errors import VersionConflict
 from taskledger.log.position import lock_head
 from taskledger.log.records import NewEvent, RecordedEvent
 
 NOTIFY_CHANNEL: Final = "taskledger_events"
+_HEX64: Final = re.compile(r"[0-9a-f]{64}")
 
 
 class _Any:
@@ -87,7 +89,9 @@ class LogTx:
         self.head_seq = head_seq
         self.head_hash = head_hash
         self.start_seq = head_seq
+        self.recorded_at = format_ts(self.now)  # every event of the transaction carries it
         self._versions: dict[str, int] = {}
+        self._meta_json: dict[str, bytes] = {}
         self._rows: list[tuple[Any, ...]] = []
         self._expect: dict[str, int] = {}
 
@@ -141,7 +145,10 @@ class LogTx:
 
         meta = meta or {}
         meta_text = _json.encode(meta).decode()
-        recorded_at = format_ts(self.now)
+        meta_json = self._meta_json.get(meta_text)
+        if meta_json is None:  # the commands of a batch mostly share one meta
+            meta_json = self._meta_json[meta_text] = canonical_json(meta)
+        recorded_at = self.recorded_at
         out: list[RecordedEvent] = []
         prev = self.head_hash
         seq = self.head_seq
@@ -149,7 +156,7 @@ class LogTx:
             seq += 1
             canonical, h = hash_event(
                 prev, seq=seq, stream=stream, stream_seq=base + i, type=ev.type,
-                data=ev.data, meta=meta, recorded_at=recorded_at,
+                data=ev.data, meta=meta, recorded_at=recorded_at, meta_json=meta_json,
             )
             self._rows.append((seq, stream, base + i, ev.type, canonical, meta_text, self.now, h))
             out.append(RecordedEvent(
@@ -184,20 +191,33 @@ class LogTx:
 
     async def finish(self) -> None:
         await self.flush()
-        if self.head_seq == self.start_seq:
-            return
+        if self.head_seq != self.start_seq:
+            await self.conn.execute(self._head_sql())
+
+    async def finish_and_commit(self) -> None:
+        """`finish` and COMMIT in one round trip: the head update and the COMMIT
+        go as one simple-protocol query, so a failing head update skips the
+        COMMIT (the caller rolls back). The caller must have begun the
+        transaction with a plain BEGIN, not an asyncpg Transaction object."""
+        await self.flush()
+        head = self._head_sql() + "; " if self.head_seq != self.start_seq else ""
+        await self.conn.execute(head + "COMMIT")
+
+    def _head_sql(self) -> str:
         # One wake-up per commit (NOTIFY is delivered at commit); listeners read
         # the table, not the payload.
         # The same statement moves the checkpoint of every inline projection
         # (sql/004_projections.sql): their rows were written in this
         # transaction, so they have folded the log up to the new head. This is
         # the projections' only hook in the append path; it adds no statement.
-        await self.conn.execute(
-            "WITH h AS (UPDATE log_head SET seq = $1, hash = $2 WHERE id = 1), "
-            "c AS (UPDATE projection_checkpoints SET seq = $1, updated_at = now() WHERE inline) "
-            "SELECT pg_notify($3, $1::text)",
-            self.head_seq, self.head_hash, NOTIFY_CHANNEL,
-        )
+        # Literals, not parameters, so it can share a query with the COMMIT:
+        # only an int and the hex hash this class computed are spliced in.
+        seq, h = int(self.head_seq), self.head_hash
+        if not _HEX64.fullmatch(h):
+            raise ValueError(f"head hash {h!r} is not 64 hex digits")
+        return (f"WITH h AS (UPDATE log_head SET seq = {seq}, hash = '{h}' WHERE id = 1), "
+                f"c AS (UPDATE projection_checkpoints SET seq = {seq}, updated_at = now() WHERE inline) "
+                f"SELECT pg_notify('{NOTIFY_CHANNEL}', '{seq}')")
 
 
 async def append(

@@ -59,6 +59,8 @@ _SUCCESS_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
     "createTask": _TASK_VIEW, "getTask": _TASK_VIEW, "claimTask": _TASK_VIEW, "startTask": _TASK_VIEW,
     "completeTask": _TASK_VIEW, "failTask": _TASK_VIEW, "cancelTask": _TASK_VIEW, "unblockTask": _TASK_VIEW,
     "reviewRound": _TASK_VIEW,
+    **{op: {"type": "object", "required": ["tasks"], "properties": {"tasks": {"type": "array", "items": _TASK_VIEW}}}
+       for op in ("createTasks", "claimTasks", "startTasks", "completeTasks")},
 }
 _OBJECT: Final = {"type": "object"}
 

@@ -274,11 +274,13 @@ class Writer:
         if conn is None or conn.is_closed():
             conn = self._conn = await self._connect()
         outcomes: list[tuple[bool, Any]] = []
-        tx = conn.transaction()
         committing = False
         began = time.perf_counter()
         try:
-            await tx.start()
+            # A plain BEGIN rather than conn.transaction(): the batch ends with
+            # the head update and the COMMIT in one round trip
+            # (LogTx.finish_and_commit).
+            await conn.execute("BEGIN")
             logtx = await LogTx.begin(conn)
             shared = Batch(conn, logtx)
             await self._prefetch(shared, batch)
@@ -293,13 +295,12 @@ class Writer:
                 else:
                     outcomes.append((True, value))
             await shared.flush()
-            await logtx.finish()
             committing = True
-            await tx.commit()
+            await logtx.finish_and_commit()
         except BaseException as e:
-            if not committing or not conn.is_closed():
+            if not conn.is_closed() and conn.is_in_transaction():
                 with contextlib.suppress(Exception):
-                    await tx.rollback()
+                    await conn.execute("ROLLBACK")
             if not committing and _connection_lost(e, conn):
                 raise _ConnectionLostBeforeCommit() from e
             raise

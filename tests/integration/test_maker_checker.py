@@ -217,6 +217,18 @@ async def test_no_verification_completes_and_collect_hands_out_once(harness: App
     assert again == []
 
 
+async def test_collect_without_a_project_hands_out_every_projects_tasks_in_log_order(harness: AppHarness) -> None:
+    producer = await harness.client("producer")
+    maker = await harness.client("worker", node="node-a")
+    a, b = project(), project()
+    done = [await make(producer, maker, p, verification=None) for p in (a, b, a)]
+    only_b = (await producer.ok(await producer.post("/tasks/collect", {"project": b, "limit": 2})))["tasks"]
+    assert [t["id"] for t in only_b] == [done[1]["id"]]
+    rest = (await producer.ok(await producer.post("/tasks/collect", {"limit": 100})))["tasks"]
+    assert [t["id"] for t in rest] == [done[0]["id"], done[2]["id"]]
+    assert (await producer.ok(await producer.post("/tasks/collect", {})))["tasks"] == []
+
+
 async def test_only_the_lease_holder_may_report(harness: AppHarness) -> None:
     proj = project()
     producer = await harness.client("producer")

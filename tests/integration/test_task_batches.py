@@ -169,3 +169,253 @@ async def test_a_batch_claim_takes_at_most_a_hundred(harness: AppHarness) -> Non
     for bad in (0, 101):
         r = await worker.post("/tasks/claim/batch", {"max": bad})
         assert r.status_code == 400, r.text
+
+
+# ---------------------------------------------------------------------------
+# POST /tasks/start/batch, POST /tasks/complete/batch, claim/batch with "start"
+
+
+def shape(events: list[dict[str, Any]], names: dict[str, str]) -> list[tuple[Any, ...]]:
+    """A stream's events with the ids, leases and clocks of one run named by their role,
+    so two runs of the same work compare equal field by field."""
+    def norm(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: norm(x) for k, x in v.items()
+                    if k not in ("lease_expires_at", "request_id", "lease_id", "token_id")}
+        if isinstance(v, list):
+            return [norm(x) for x in v]
+        if isinstance(v, str):
+            for real, role in names.items():
+                v = v.replace(real, role)
+        return v
+    return [(e["stream_seq"], e["type"], norm(e["data"]), sorted(e["meta"]), "lease_id" in e["data"],
+             "token_id" in e["data"]) for e in events]
+
+
+async def stream(api: Client, task_id: str) -> list[dict[str, Any]]:
+    return list((await api.ok(await api.get(f"/tasks/{task_id}/events", params={"since_seq": 0})))["events"])
+
+
+async def pending_in(api: Client, proj: str, n: int, **fields: Any) -> list[dict[str, Any]]:
+    tasks = [body(proj, **fields) for _ in range(n)]
+    return list((await api.ok(await api.post("/tasks/batch", {"tasks": tasks}), 201))["tasks"])
+
+
+def leases(ts: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"tasks": [{"task_id": t["id"], "lease_id": t["lease_id"], **extra} for t in ts]}
+
+
+async def test_batched_reports_log_what_the_single_routes_log_task_by_task(harness: AppHarness) -> None:
+    producer = await harness.client("producer")
+    maker = await harness.client("worker", node="node-a", name="maker")
+    checker = await harness.client("worker", node="node-b", name="checker")
+    panel = {"verification": {"checkers": ["tests", "review"]},
+             "requirements": [{"id": "R1", "text": "works"}]}
+    verdicts = [{"requirement_id": "R1", "verdict": "PASS", "reason": "ok"}]
+    runs = []
+    for batched in (False, True):
+        proj = project()
+        made = await pending_in(producer, proj, 3, **panel)
+        if batched:
+            got = (await maker.ok(await maker.post("/tasks/claim/batch", {"projects": [proj], "max": 3})))["tasks"]
+            await maker.ok(await maker.post("/tasks/start/batch", leases(got)))
+            done = await maker.ok(await maker.post("/tasks/complete/batch", leases(got, result={"n": 1})))
+            assert [t["state"] for t in done["tasks"]] == ["verifying"] * 3
+            vs = (await checker.ok(await checker.post("/tasks/claim/batch", {
+                "task_types": ["verify"], "projects": [proj], "max": 10})))["tasks"]
+            assert len(vs) == 6
+            await checker.ok(await checker.post("/tasks/start/batch", leases(vs)))
+            out = await checker.ok(await checker.post("/tasks/complete/batch", leases(
+                vs, result={"n": 2}, outcome="PASS", verdicts=verdicts)))
+            assert [t["id"] for t in out["tasks"]] == [v["id"] for v in vs]
+        else:
+            for _ in made:
+                t = await claim(maker, proj, ["implement"])
+                assert t is not None
+                await start(maker, t)
+                await maker.ok(await maker.post(f"/tasks/{t['id']}/complete",
+                                                {"lease_id": t["lease_id"], "result": {"n": 1}}))
+            while (v := await claim(checker, proj, ["verify"])) is not None:
+                await start(checker, v)
+                await checker.ok(await checker.post(f"/tasks/{v['id']}/complete", {
+                    "lease_id": v["lease_id"], "result": {"n": 2}, "outcome": "PASS", "verdicts": verdicts}))
+        names = {t["id"]: f"task{i}" for i, t in enumerate(made)} | {proj: "proj"}
+        run = {}
+        for i, t in enumerate(made):
+            assert (await view(producer, t["id"]))["state"] == "verified"
+            run[f"task{i}"] = shape(await stream(producer, t["id"]), names)
+            for c in ("tests", "review"):
+                run[f"V{i}-{c}"] = shape(await stream(producer, f"V-{t['id']}-a1-{c}"), names)
+        runs.append(run)
+    single, batched = runs
+    assert batched == single
+    assert [e[1] for e in single["task0"]] == [
+        "task.created", "task.claimed", "task.started", "task.completed", "task.verifying",
+        "task.verdict", "task.verdict", "task.verified"]
+    assert [e[1] for e in single["V0-tests"]] == ["task.created", "task.claimed", "task.started", "task.completed"]
+
+
+async def test_claim_with_start_logs_claimed_then_started_for_each_task(harness: AppHarness) -> None:
+    proj, other = project(), project()
+    producer = await harness.client("producer")
+    worker = await harness.client("worker", node="n1")
+    made = await pending_in(producer, proj, 4)
+    await pending_in(producer, other, 1)
+    got = (await worker.ok(await worker.post("/tasks/claim/batch", {
+        "projects": [proj], "max": 10, "start": True})))["tasks"]
+    assert [t["id"] for t in got] == [t["id"] for t in made]
+    assert all(t["state"] == "running" for t in got) and len({t["lease_id"] for t in got}) == 4
+    for t in got:
+        events = await stream(worker, t["id"])
+        assert [e["type"] for e in events] == ["task.created", "task.claimed", "task.started"]
+        assert events[1]["data"]["lease_id"] == t["lease_id"]
+    done = await worker.ok(await worker.post("/tasks/complete/batch", leases(got)))
+    assert [t["state"] for t in done["tasks"]] == ["completed"] * 4
+    # without "start" a claim stays a claim
+    plain = (await worker.ok(await worker.post("/tasks/claim/batch", {"projects": [other]})))["tasks"]
+    assert [t["state"] for t in plain] == ["claimed"]
+    assert [e["type"] for e in await stream(worker, plain[0]["id"])] == ["task.created", "task.claimed"]
+
+
+async def test_every_entry_must_hold_its_own_lease_or_nothing_is_written(harness: AppHarness) -> None:
+    proj = project()
+    producer = await harness.client("producer")
+    me = await harness.client("worker", node="n1", name="me")
+    other = await harness.client("worker", node="n2", name="other")
+    await pending_in(producer, proj, 4)
+    mine = (await me.ok(await me.post("/tasks/claim/batch", {"projects": [proj], "max": 3})))["tasks"]
+    theirs = (await other.ok(await other.post("/tasks/claim/batch", {"projects": [proj], "max": 3})))["tasks"]
+    assert len(mine) == 3 and len(theirs) == 1
+    cases = [
+        # another task's lease
+        [{"task_id": mine[0]["id"], "lease_id": mine[0]["lease_id"]},
+         {"task_id": mine[1]["id"], "lease_id": mine[2]["lease_id"]}],
+        # the right lease id, but held by another token on another node
+        [{"task_id": mine[0]["id"], "lease_id": mine[0]["lease_id"]},
+         {"task_id": theirs[0]["id"], "lease_id": theirs[0]["lease_id"]}],
+    ]
+    for route, state in (("/tasks/start/batch", "claimed"), ("/tasks/complete/batch", "running")):
+        for entries in cases:
+            before = await head(producer)
+            r = await me.post(route, {"tasks": entries})
+            assert r.status_code == 409 and r.json()["code"] == "lease_mismatch", r.text
+            assert r.json()["errors"][0]["index"] == 1 and r.json()["detail"].startswith("tasks[1]: ")
+            assert await head(producer) == before
+        assert [(await view(me, t["id"]))["state"] for t in mine] == [state] * 3
+        # and the holders' own batches go through
+        ok = await me.ok(await me.post(route, leases(mine)))
+        await other.ok(await other.post(route, leases(theirs)))
+        assert [t["state"] for t in ok["tasks"]] == ["running" if state == "claimed" else "completed"] * 3
+
+
+async def test_a_refused_entry_refuses_the_whole_batch_naming_its_index(harness: AppHarness) -> None:
+    proj = project()
+    producer = await harness.client("producer")
+    worker = await harness.client("worker", node="n1")
+    await pending_in(producer, proj, 3)
+    got = (await worker.ok(await worker.post("/tasks/claim/batch", {"projects": [proj], "max": 3})))["tasks"]
+    await start(worker, got[2])
+    before = await head(producer)
+    cases = [
+        ("/tasks/start/batch", leases(got), 409, "invalid_transition", 2),  # tasks[2] already runs
+        ("/tasks/complete/batch", leases(got), 409, "invalid_transition", 0),  # tasks[0] is only claimed
+        ("/tasks/start/batch", {"tasks": [*leases(got[:2])["tasks"], {"task_id": "nope", "lease_id": "L"}]},
+         404, "task_not_found", 2),
+        ("/tasks/start/batch", {"tasks": [*leases(got[:2])["tasks"], leases(got[:1])["tasks"][0]]},
+         400, "validation_error", 2),  # the same task twice
+        ("/tasks/complete/batch", leases(got[2:], outcome="PASS"), 400, "validation_error", 0),  # not a verify task
+        ("/tasks/complete/batch", leases(got[2:], verdicts=[{"requirement_id": "R1", "verdict": "PASS"}]),
+         400, "validation_error", 0),  # verdicts without an outcome
+    ]
+    for route, payload, status, code, index in cases:
+        r = await worker.post(route, payload)
+        assert r.status_code == status and r.json()["code"] == code, (route, r.text)
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert [e["index"] for e in r.json()["errors"]] == [index], r.text
+        assert await head(producer) == before
+    assert [(await view(worker, t["id"]))["state"] for t in got] == ["claimed", "claimed", "running"]
+
+
+async def test_report_batches_hold_one_to_a_thousand_entries_of_a_workers_schema(harness: AppHarness) -> None:
+    proj = project()
+    producer = await harness.client("producer")
+    worker = await harness.client("worker", node="n1")
+    reader = await harness.client("reader")
+    for route in ("/tasks/start/batch", "/tasks/complete/batch"):
+        assert (await worker.post(route, {"tasks": []})).status_code == 400
+        many = {"tasks": [{"task_id": f"t{i}", "lease_id": "L"} for i in range(1001)]}
+        assert (await worker.post(route, many)).status_code == 400
+        assert (await producer.post(route, {"tasks": [{"task_id": "t", "lease_id": "L"}]})).status_code == 403
+        bad_id = [{"task_id": "t", "lease_id": "L"}, {"task_id": "t 2", "lease_id": "L"}]
+        r = await worker.post(route, {"tasks": bad_id})
+        assert r.status_code == 400 and [e["index"] for e in r.json()["errors"]] == [1], r.text
+        r = await worker.post(route, {"tasks": [{"task_id": "t", "lease_id": "L", "what": 1}]})
+        assert r.status_code == 400 and r.json()["errors"][0]["index"] == 0, r.text
+    await pending_in(producer, proj, 1)
+    t = (await worker.ok(await worker.post("/tasks/claim/batch", {"projects": [proj]})))["tasks"][0]
+    assert (await reader.post("/tasks/start/batch", leases([t]))).status_code == 403
+    # a thousand at once
+    for _ in range(10):
+        await pending_in(producer, proj, 100)
+    got: list[dict[str, Any]] = [t]
+    while len(got) < 1000:
+        got += (await worker.ok(await worker.post("/tasks/claim/batch", {"projects": [proj], "max": 100})))["tasks"]
+    started = await worker.ok(await worker.post("/tasks/start/batch", leases(got[:1000])))
+    assert len(started["tasks"]) == 1000 and {t["state"] for t in started["tasks"]} == {"running"}
+
+
+async def test_verdicts_in_one_batch_decide_the_panel_as_one_by_one(harness: AppHarness) -> None:
+    proj = project()
+    producer = await harness.client("producer")
+    maker = await harness.client("worker", node="node-a")
+    checker = await harness.client("worker", node="node-b")
+    reqs = [{"id": "R1", "text": "works"}, {"id": "R2", "text": "fast"}]
+    made = await pending_in(producer, proj, 2, requirements=reqs, verification={"checkers": ["a", "b"]})
+    got = (await maker.ok(await maker.post("/tasks/claim/batch", {"projects": [proj], "start": True})))["tasks"]
+    await maker.ok(await maker.post("/tasks/complete/batch", leases(got)))
+    vs = (await checker.ok(await checker.post("/tasks/claim/batch", {
+        "task_types": ["verify"], "projects": [proj], "start": True})))["tasks"]
+    by_id = {v["id"]: v for v in vs}
+    good, bad, fail = made[0]["id"], made[1]["id"], made[1]["id"]
+    pass_all = [{"requirement_id": r["id"], "verdict": "PASS"} for r in reqs]
+
+    def entry(vid: str, **fields: Any) -> dict[str, Any]:
+        return {"task_id": vid, "lease_id": by_id[vid]["lease_id"], **fields}
+
+    # a PASS that skips a requirement is refused like the single route refuses it
+    r = await checker.post("/tasks/complete/batch", {"tasks": [
+        entry(f"V-{good}-a1-a", outcome="PASS", verdicts=pass_all),
+        entry(f"V-{good}-a1-b", outcome="PASS", verdicts=pass_all[:1])]})
+    assert r.status_code == 400 and r.json()["errors"][0]["index"] == 1, r.text
+    assert (await view(producer, good))["verdicts"] == []
+    out = await checker.ok(await checker.post("/tasks/complete/batch", {"tasks": [
+        entry(f"V-{good}-a1-a", outcome="PASS", verdicts=pass_all),
+        entry(f"V-{bad}-a1-a", outcome="PASS", verdicts=pass_all),
+        entry(f"V-{good}-a1-b", outcome="PASS", verdicts=pass_all),
+        entry(f"V-{fail}-a1-b", outcome="FAIL",
+              verdicts=[{"requirement_id": "R2", "verdict": "FAIL", "reason": "slow"}])]}))
+    assert [t["state"] for t in out["tasks"]] == ["completed"] * 4
+    assert (await view(producer, good))["state"] == "verified"
+    retried = await view(producer, bad)
+    assert retried["state"] == "pending" and retried["attempt"] == 2
+    assert (await types_of(producer, bad))[-4:] == [
+        "task.verdict", "task.verdict", "task.rejected", "task.retry_scheduled"]
+    # the verdict that ended the panel is the batch's last: the maker saw both, in order
+    verdict_events = [e for e in await stream(producer, bad) if e["type"] == "task.verdict"]
+    assert [e["data"]["checker"] for e in verdict_events] == ["a", "b"]
+
+
+async def test_the_idempotency_key_covers_a_report_batch(harness: AppHarness) -> None:
+    proj = project()
+    producer = await harness.client("producer")
+    worker = await harness.client("worker", node="n1")
+    await pending_in(producer, proj, 3)
+    got = (await worker.ok(await worker.post("/tasks/claim/batch", {"projects": [proj], "max": 3})))["tasks"]
+    key = {"Idempotency-Key": new_id("K")}
+    first = await worker.ok(await worker.post("/tasks/start/batch", leases(got), headers=key))
+    before = await head(producer)
+    again = await worker.post("/tasks/start/batch", leases(got), headers=key)
+    assert again.status_code == 200 and again.json() == first
+    assert await head(producer) == before
+    other = await worker.post("/tasks/start/batch", leases(got[:2]), headers=key)
+    assert other.status_code == 409 and other.json()["code"] == "idempotency_conflict"

@@ -81,3 +81,25 @@ async def test_the_writer_reconnects_after_its_connection_is_killed(db_url: str,
         assert await w.submit(cmd("c")) == 3
     finally:
         await w.stop()
+
+
+async def test_a_head_update_that_fails_commits_nothing_though_it_shares_a_query_with_the_commit(
+    db_url: str, pool: asyncpg.Pool
+) -> None:
+    await pool.execute("""
+        CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'checkpoint refused'; END $$;
+        CREATE TRIGGER refuse BEFORE UPDATE ON projection_checkpoints FOR EACH STATEMENT EXECUTE FUNCTION refuse();
+    """)
+    w = Writer(db_url)
+    await w.start()
+    try:
+        with pytest.raises(asyncpg.RaiseError, match="checkpoint refused"):
+            await w.submit(cmd("a"))
+        await pool.execute("DROP TRIGGER refuse ON projection_checkpoints")
+        # the connection is usable again, and the refused batch left no event and no hole
+        assert await w.submit(cmd("b")) == 1
+    finally:
+        await w.stop()
+    assert [r["stream"] for r in await pool.fetch("SELECT stream FROM events ORDER BY seq")] == ["b"]
+    assert await pool.fetchval("SELECT seq FROM log_head") == 1

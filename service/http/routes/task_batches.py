@@ -1,15 +1,19 @@
 """Tasks in bulk: a producer creates up to 1,000 in one request, a worker claims
-up to 100 in one call.
+up to 100 in one call and reports starts and completions of up to 1,000.
 
 A batch is one writer command, so it is one transaction: all of it is appended
 or none of it. A refusal names the entry it is about: `errors: [{"index", ...}]`
 in the problem+json, whether the entry failed the schema (400) or a rule
-(its own status: 400, or 409 for an id that exists).
+(its own status: 400, 404 for a task that does not exist, 409 for an id that
+exists, a lease the caller does not hold or a state that does not allow it).
+Each entry goes through the same decision as the single route, against the
+states the entries before it left.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import msgspec
@@ -17,15 +21,25 @@ from litestar import Controller, Request, Response, post
 from litestar.exceptions import ValidationException
 from litestar.params import JSONBody
 
+from taskledger.events.errors import DomainError
 from taskledger.events.task.state import TaskState
 from taskledger.projections import tasks as views
 from taskledger.service.http.auth import requires
 from taskledger.service.http.deps import CommandRunnerDep, PoolDep, SettingsDep
 from taskledger.service.http.problems import problem
 from taskledger.service.http.routes.common import known_query_only, respond
-from taskledger.service.http.routes.tasks import ClaimBody, CreateTask, default_escalation, to_new_task, viewer
+from taskledger.service.http.routes.tasks import (
+    ClaimBody,
+    CompleteBody,
+    CreateTask,
+    IdStr,
+    LeaseBody,
+    default_escalation,
+    to_new_task,
+    viewer,
+)
 from taskledger.service.writer import tasks as cmds
-from taskledger.service.writer.commands import ctx_of
+from taskledger.service.writer.commands import CommandRunner, ctx_of
 
 MAX_BATCH = 1000
 MAX_CLAIM = 100
@@ -37,6 +51,24 @@ class CreateBatch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class ClaimBatch(ClaimBody, forbid_unknown_fields=True, kw_only=True):
     max: Annotated[int, msgspec.Meta(ge=1, le=MAX_CLAIM)] = 10
+    start: Annotated[bool, msgspec.Meta(
+        description="also start each claimed task: its own task.claimed then task.started")] = False
+
+
+class StartEntry(LeaseBody, forbid_unknown_fields=True, kw_only=True):
+    task_id: IdStr
+
+
+class CompleteEntry(CompleteBody, forbid_unknown_fields=True, kw_only=True):
+    task_id: IdStr
+
+
+class StartBatch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    tasks: Annotated[list[StartEntry], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
+
+
+class CompleteBatch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    tasks: Annotated[list[CompleteEntry], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
 
 
 class TaskBatch(msgspec.Struct, kw_only=True):
@@ -89,7 +121,8 @@ class TaskBatchController(Controller):
         data: JSONBody[ClaimBatch],
     ) -> Response[Any]:
         """Claim up to `max` tasks at once, each with a lease of its own; `{"tasks": []}`
-        when there is nothing to claim."""
+        when there is nothing to claim. With `"start": true` each claimed task is
+        also started (its own `task.claimed` then `task.started`), answered running."""
         ctx = ctx_of(request)
         types = list(dict.fromkeys(data.task_types))
         if ctx.idempotency_key is None and not await cmds.anything_to_claim(
@@ -99,9 +132,57 @@ class TaskBatchController(Controller):
         async def fn(u: Any) -> TaskBatch:
             return TaskBatch(tasks=await cmds.claim_many(
                 u, ctx, task_types=types, projects=data.projects, lease_seconds=data.lease_seconds,
-                limit=data.max))
+                limit=data.max, start=data.start))
 
         return respond(await command_runner.run(request, ctx, fn))
+
+    @post("/start/batch", operation_id="startTasks", guards=[requires("worker")], status_code=200,
+          exception_handlers={ValidationException: _indexed_validation},
+          description="Up to 1,000 `POST /tasks/{id}/start` in one transaction, each by its own lease, "
+                      "in order, all or nothing: a refused entry refuses the batch (its status, "
+                      "`errors[].index`) and nothing is written. Answers the views in order.")
+    async def start_batch(
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, data: JSONBody[StartBatch],
+    ) -> Response[Any]:
+        """Start up to 1,000 claimed tasks, each by its own lease (`POST /tasks/{id}/start`
+        per entry), all or nothing, answered with the views in order."""
+        reports = [cmds.Report(task_id=e.task_id, lease_id=e.lease_id) for e in data.tasks]
+        return await _report(request, command_runner, reports, cmds.start_many)
+
+    @post("/complete/batch", operation_id="completeTasks", guards=[requires("worker")], status_code=200,
+          exception_handlers={ValidationException: _indexed_validation},
+          description="Up to 1,000 `POST /tasks/{id}/complete` in one transaction, each entry that "
+                      "route's body plus `task_id`, decided in order against the states the entries "
+                      "before it left (verdicts of one panel decide it as if sent one by one); all or "
+                      "nothing: a refused entry refuses the batch (its status, `errors[].index`) and "
+                      "nothing is written. Answers the views in order.")
+    async def complete_batch(
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, data: JSONBody[CompleteBatch],
+    ) -> Response[Any]:
+        """Complete up to 1,000 running tasks, each by its own lease with the body of
+        `POST /tasks/{id}/complete` (a verify task's `outcome`, `verdicts`, `category`),
+        all or nothing, answered with the views in order."""
+        reports = []
+        for i, e in enumerate(data.tasks):
+            try:
+                verdict = e.verdict()
+            except DomainError as err:
+                raise cmds.at_index(i, err) from None
+            reports.append(cmds.Report(task_id=e.task_id, lease_id=e.lease_id, result=e.result, verdict=verdict))
+        return await _report(request, command_runner, reports, cmds.complete_many)
+
+
+async def _report(
+    request: Request[Any, Any, Any], command_runner: CommandRunner, reports: list[cmds.Report],
+    many: Callable[..., Awaitable[list[TaskState]]],
+) -> Response[Any]:
+    ctx = ctx_of(request)
+
+    async def fn(u: Any) -> TaskBatch:
+        return TaskBatch(tasks=await many(u, ctx, reports, indexed=True))
+
+    ids = dict.fromkeys(r.task_id for r in reports)
+    return respond(await command_runner.run(request, ctx, fn, prefetch=[("tasks", i) for i in ids]))
 
 
 ROUTES = [TaskBatchController]
