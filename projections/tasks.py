@@ -19,7 +19,7 @@ from taskledger.events.store import RecordedEvent
 from taskledger.events.task import events as task_events
 from taskledger.events.task.events import CheckerReport, TaskBlocked, TaskCancelled, TaskEvent, TaskUnblocked, Unmet
 from taskledger.events.task.rules import escalate_at
-from taskledger.events.task.state import TaskState, evolve
+from taskledger.events.task.state import TaskState, evolve, evolve_owned
 
 NAME = "tasks"
 VERSION = 1
@@ -243,6 +243,9 @@ def fold_page(
     Returns the changed task ids, the seq of each task.created seen, and the
     changed blocker ids. `states` must hold the state of every stream in
     `page` that began before it, and `blockers` every blocker those states name.
+    Without `blockers` the states are folded in place (`evolve_owned`): they
+    belong to the caller's fold, and a state handed on must be out of `states`
+    before the next page (as `TaskFold` does) or be copied.
     """
     changed: dict[str, None] = {}
     created: dict[str, int] = {}
@@ -256,7 +259,8 @@ def fold_page(
             s = states.get(tid)
             if s is None:
                 created[tid] = e.seq
-            states[tid] = evolve(s, decode(e.type, e.data), seq=e.seq, version=e.stream_seq, at=e.recorded_at)
+            states[tid] = evolve_owned(s, decode(e.type, e.data), seq=e.seq, version=e.stream_seq,
+                                       at=e.recorded_at)
             changed[tid] = None
         return list(changed), created, []
     for e in page:
@@ -296,7 +300,9 @@ class TaskFold:
     Task rows are written once each where possible: a changed state stays in
     the cache until it is evicted or the fold is flushed, then rows new to the
     table go in with COPY and the others with an upsert. The eviction's write
-    runs while the next page is read and folded (the states are frozen).
+    runs while the next page is read. The cache's states are folded in place
+    (`fold_page`), so a state leaves the cache before its row is written while
+    folding goes on: an eviction clears the cache, a flush is awaited.
     """
 
     def __init__(self, *, write: str, cache_max: int = 50_000) -> None:
