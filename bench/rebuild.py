@@ -150,20 +150,42 @@ async def raw_reads(conn: asyncpg.Connection, head: int) -> dict[str, float]:
     return out
 
 
+def _cpu_seconds(pids: list[int]) -> list[float]:
+    """CPU seconds used so far by these PostgreSQL backends (empty when the server is not local):
+    on a shared machine the CPU a rebuild costs moves less than its wall time."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return []
+        out.append((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
+
+
 async def main_async(args: argparse.Namespace, url: str) -> None:
     async with migrated_database(url, "tl_bench_rebuild_") as conn:
         head, secs = await seed(conn, args.events)
         print(f"seeded {head:,} events in {secs:.1f}s ({head / secs:,.0f} events/s)", flush=True)
         size = await conn.fetchval("SELECT pg_size_pretty(pg_total_relation_size('events'))")
         print(f"events table: {size}", flush=True)
-        for label, rate in (await raw_reads(conn, head)).items():
+        raw = await raw_reads(conn, head)
+        for label, rate in raw.items():
             print(f"raw read, {label}: {rate:,.0f} events/s", flush=True)
+        cursor, paged = raw.values()
         reader = await asyncpg.connect(with_database(url, await conn.fetchval("SELECT current_database()")))
+        backends = [await c.fetchval("SELECT pg_backend_pid()") for c in (conn, reader)]
         for p in framework.select(None):
+            py, pg = time.process_time(), _cpu_seconds(backends)
             res = await framework.rebuild(conn, p, reader=reader)
+            py, pg = time.process_time() - py, [b - a for a, b in zip(pg, _cpu_seconds(backends), strict=True)]
             rows = await conn.fetchval(f"SELECT count(*) FROM {p.tables[0].name}")
-            print(f"rebuild {p.name}: {res.seconds:.1f}s, {res.events_per_second:,.0f} log events/s, "
-                  f"{rows:,} rows, head lock held {res.swap_ms:.1f} ms", flush=True)
+            rate = res.events_per_second
+            cpu = f"CPU: Python {py:.2f}s" + (f", PostgreSQL {pg[0]:.2f}s + {pg[1]:.2f}s (reader)" if pg else "")
+            print(f"rebuild {p.name}: {res.seconds:.1f}s, {rate:,.0f} log events/s "
+                  f"({rate / cursor:.2f}x the cursor read, {rate / paged:.2f}x the paged read), "
+                  f"{rows:,} rows, head lock held {res.swap_ms:.1f} ms; {cpu}", flush=True)
         if not args.no_check:
             t0 = time.perf_counter()
             diffs = await framework.check(conn, [framework.get("tasks")])
