@@ -266,9 +266,10 @@ def evolve(s: TaskState | None, ev: TaskEvent, *, seq: int, version: int, at: st
 # `evolve` returns a new state per event: the command path hands states around
 # (to the writer, to reactions, to the reply), so each must stay as it was. A
 # rebuild folds millions of events into states nobody sees until their rows are
-# written, and a copy per event is then most of its work. `evolve_owned` makes
-# the same changes — `_changes`, the one statement of the rules — to the state
-# itself. tests/unit/test_task_fold_owned.py folds random histories both ways.
+# written, and there a copy per event (allocating and freeing a ~55-field struct)
+# is a third of the fold's time for nothing. `evolve_owned` makes the same
+# changes — `_changes`, the one statement of the rules — to the state itself.
+# tests/unit/test_task_fold_owned.py folds random histories both ways.
 
 _set: Final = msgspec.structs.force_setattr
 
