@@ -35,8 +35,9 @@ mutation: $(VENV)/.mutation  ## mutmut over the decision modules against the fas
 	HYPOTHESIS_PROFILE=mutation $(BIN)/mutmut run --max-children 2 > /dev/null || true
 	$(BIN)/python -m tests.mutation_report
 
-lint: $(STAMP)  ## ruff
-	$(BIN)/ruff check service events projections taskledger/client taskledger/mcp tests bench deploy
+lint: $(STAMP)  ## ruff, then the import contracts (lint-imports; [tool.importlinter] in pyproject.toml)
+	$(BIN)/ruff check service events log projections taskledger/client taskledger/mcp tests bench deploy
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)  ## mypy --strict on the packages
 	$(BIN)/mypy

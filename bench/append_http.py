@@ -33,12 +33,9 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import re
 import resource
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,13 +50,9 @@ from typing import Any
 import asyncpg
 import httpx
 
-from taskledger.events import store
+from bench.harness import ROOT, Postgres, Server, create_database, describe, drop_database, machine
+from taskledger import log as store
 from taskledger.events.canonical import GENESIS_HASH, verify_chain
-from taskledger.service.ops.embedded import start_embedded, with_database
-from taskledger.service.ops.migrate import migrate
-
-ROOT = Path(__file__).resolve().parent.parent
-ADMIN_TOKEN = "bench-admin-" + uuid.uuid4().hex
 
 # ---------------------------------------------------------------------------
 # wrk scripts
@@ -189,7 +182,7 @@ END;
 """
 
 # The same work without the head lock: seq from a sequence (as an identity
-# column would do; the reason the store does not is in events/store.py).
+# column would do; the reason the store does not is in log/appending.py).
 PGBENCH_FREE = r"""
 BEGIN;
 SELECT nextval('events_free_seq') AS next \gset
@@ -325,12 +318,6 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _admin_sql(url: str, *stmts: str) -> None:
     c = await asyncpg.connect(url)
     try:
@@ -340,81 +327,17 @@ async def _admin_sql(url: str, *stmts: str) -> None:
         await c.close()
 
 
-def create_database(maint_url: str, name: str) -> str:
-    asyncio.run(_admin_sql(maint_url, f'CREATE DATABASE "{name}"'))
-    url = with_database(maint_url, name)
-
-    async def mig() -> None:
-        c = await asyncpg.connect(url)
-        try:
-            await migrate(c)
-        finally:
-            await c.close()
-
-    asyncio.run(mig())
-    return url
-
-
-def drop_database(maint_url: str, name: str) -> None:
-    asyncio.run(_admin_sql(maint_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-class Serve:
-    """`taskledger serve` in its own process group."""
-
-    def __init__(self, db_url: str, server: str, workers: int, logdir: Path, root: Path = ROOT) -> None:
-        """`root`: the checkout whose code serves (`python -m` imports from the working directory
-        first), e.g. another worktree for a before/after comparison."""
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = logdir / f"serve-{server}-{workers}.log"
-        cmd = [sys.executable, "-m", "taskledger.service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--server", server, "--workers", str(workers), "--database-url", db_url]
-        env = dict(os.environ, TASKLEDGER_ADMIN_TOKEN=ADMIN_TOKEN)
-        env.pop("TASKLEDGER_DATABASE_URL", None)
-        self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=self.log_path.open("wb"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"serve exited {self.proc.returncode}: "
-                                   f"{self.log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(self.base + "/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("serve never became ready: " + self.log_path.read_text()[-2000:])
-
-    def stop(self) -> None:
-        if self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def token(self, role: str = "producer") -> str:
-        r = httpx.post(self.base + "/tokens", json={"role": role, "name": f"bench-{role}"},
-                       headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
-        r.raise_for_status()
-        return str(r.json()["token"])
-
-    def writer_counters(self) -> dict[str, float]:
-        text = httpx.get(self.base + "/metrics", timeout=10).text
-        out: dict[str, float] = {}
-        for name in ("taskledger_writer_commits_total", "taskledger_writer_commands_total"):
-            m = re.search(rf"^{name} (\S+)$", text, re.M)
-            out[name] = float(m.group(1)) if m else 0.0
-        out["buckets"] = {  # type: ignore[assignment]
-            m.group(1): float(m.group(2))
-            for m in re.finditer(r'^taskledger_writer_batch_size_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)
-        }
-        return out
+def writer_counters(base: str) -> dict[str, float]:
+    text = httpx.get(base + "/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for name in ("taskledger_writer_commits_total", "taskledger_writer_commands_total"):
+        m = re.search(rf"^{name} (\S+)$", text, re.M)
+        out[name] = float(m.group(1)) if m else 0.0
+    out["buckets"] = {  # type: ignore[assignment]
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r'^taskledger_writer_batch_size_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)
+    }
+    return out
 
 
 def wrk(url: str, lua: Path, connections: int, seconds: float, args: list[str],
@@ -512,7 +435,7 @@ def bench_server(maint_url: str, server: str, workers: int, clients: list[int], 
     post_lua = tmp / "post.lua"
     get_lua = tmp / "get.lua"
     runs: list[Run] = []
-    srv = Serve(db_url, server, workers, tmp)
+    srv = Server(db_url, server, workers, tmp).wait_ready()
     try:
         token = srv.token()
         log(f"{server} x{workers}: serving on {srv.base}")
@@ -520,10 +443,10 @@ def bench_server(maint_url: str, server: str, workers: int, clients: list[int], 
         for c in clients:
             wrk(srv.base, post_lua, c, warmup, [f"w{c}", token], tmp)
             prefix = f"{server[0]}{workers}c{c}"
-            before = srv.writer_counters()
+            before = writer_counters(srv.base)
             with CpuMeter(srv.proc.pid, pg_pid) as cpu:
                 data = wrk(srv.base, post_lua, c, seconds, [prefix, token], tmp)
-            after = srv.writer_counters()
+            after = writer_counters(srv.base)
             v = verify_run(db_url, prefix, data, c)
             secs = data["duration_us"] / 1e6
             n201 = sum(t["n201"] for t in data["threads"])
@@ -649,20 +572,6 @@ def _pgbench_percentiles(tmp: Path, prefix: str) -> tuple[float, float]:
     return lat[len(lat) // 2] / 1000, lat[min(len(lat) - 1, int(len(lat) * 0.99))] / 1000
 
 
-def machine() -> dict[str, Any]:
-    cpu = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = subprocess.run(["free", "-h"], capture_output=True, text=True, check=False).stdout.strip()
-    return {"nproc": os.cpu_count(), "cpu": cpu, "free": mem, "python": platform.python_version(),
-            "kernel": platform.release(), "loadavg": os.getloadavg()}
-
-
 def busy_processes() -> list[str]:
     """Other processes using CPU right now (the machine may be shared)."""
     out = subprocess.run(["ps", "-eo", "pid,pcpu,etimes,comm", "--sort=-pcpu"], capture_output=True,
@@ -738,24 +647,20 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     info = machine()
     info["busy_before"] = busy_processes()
-    log(f"machine: {info['nproc']} cpus, {info['cpu']}, load {info['loadavg']}")
+    log(f"machine: {describe(info)}")
     for b in info["busy_before"]:
         log(f"  busy: {b}")
     tmp = Path(tempfile.mkdtemp(prefix="tl-bench-"))
     (tmp / "post.lua").write_text(POST_LUA)
     (tmp / "get.lua").write_text(GET_LUA)
-    handle = None
+    pg = None
     try:
-        if args.database_url:
-            maint = args.database_url
-        else:
-            pgdir = tmp / "pg"
-            pgdir.mkdir()
-            handle, url = start_embedded(pgdir)
-            maint = with_database(url, "postgres")
-        info["postgres"] = asyncio.run(_pg_settings(maint))
+        pg = Postgres(args.database_url, tmp / "pg")
+        maint = pg.url
+        info["postgres"] = pg.version
+        info["postgres_settings"] = asyncio.run(_pg_settings(maint))
         pg_pid = postmaster_pid(maint)
-        log(f"postgres: {info['postgres']}")
+        log(f"postgres: {info['postgres_settings']}")
         runs: list[Run] = []
         if not args.skip_http:
             for server, workers in configs:
@@ -765,14 +670,15 @@ def main(argv: list[str] | None = None) -> int:
             log("pgbench")
             runs += bench_pgbench(maint, clients, args.seconds, tmp, pg_pid)
     finally:
-        if handle is not None:
-            handle.cleanup()
+        if pg is not None:
+            pg.close()
         shutil.rmtree(tmp, ignore_errors=True)
     info["loadavg_after"] = os.getloadavg()
     info["busy_after"] = busy_processes()
     md = table(runs)
     print(f"\nappend_http, {started:%Y-%m-%d %H:%M} UTC, {info['nproc']} cpus ({info['cpu']}), "
           f"load before {info['loadavg'][0]:.2f} after {info['loadavg_after'][0]:.2f}\n")
+    print(f"machine: {describe(info)}\n")
     print(md)
     out = args.out or ROOT / "bench" / "results" / f"append_http-{started:%Y%m%dT%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

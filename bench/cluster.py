@@ -26,13 +26,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import statistics
 import time
-from datetime import UTC, datetime
 
 import httpx
 
+from bench.harness import describe, machine
 from deploy.cluster import Cluster
 from deploy.drill import Load, longest_pause
 
@@ -86,9 +85,8 @@ async def failover(promote_after: float, writers: int) -> tuple[float, float]:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Python "
-          f"{platform.python_version()}; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; "
-          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    info = machine()
+    print(f"machine: {describe(info)}; {info['date']}; load average {os.getloadavg()[0]:.1f}", flush=True)
     if args.part in ("all", "appends"):
         print(f"\nappends through HAProxy, {args.writers} writers, {args.seconds:.0f} s each", flush=True)
         print("| topology | acknowledged appends/s |\n|---|---|", flush=True)

@@ -18,12 +18,10 @@ acknowledged writes (the outage as the writers saw it). The baseline is the same
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.harness import describe, machine
 from tests.drills import DRILLS, run_drill
 
 HEADER = ("| drill | acked | attempts | refused | missing | doubled | follower contiguous | fault s | "
@@ -36,8 +34,8 @@ def main() -> None:
     ap.add_argument("--writers", type=int, default=4)
     args = ap.parse_args()
     drills = args.drill or ["baseline", *DRILLS]
-    print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, {os.cpu_count()} cores, "
-          f"{platform.python_version()}, writers={args.writers}")
+    info = machine()
+    print(f"{info['date']}, {describe(info)}, writers={args.writers}")
     print(HEADER)
     for d in drills:
         with tempfile.TemporaryDirectory(prefix="tl-drill-") as root:

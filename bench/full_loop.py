@@ -22,52 +22,16 @@ import argparse
 import asyncio
 import os
 import resource
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 
-from taskledger.events import store
+from bench.harness import Postgres, Server, describe, machine
+from taskledger import log as store
 from taskledger.events.canonical import verify_chain
-from taskledger.service.ops.embedded import start_embedded, with_database
-
-ROOT = Path(__file__).resolve().parent.parent
-ADMIN = "bench-admin-" + uuid.uuid4().hex
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_of(pid: int) -> float:
-    """CPU seconds of a process and its children (from /proc)."""
-    total = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    pids = [pid]
-    try:
-        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False).stdout
-        pids += [int(p) for p in out.split()]
-    except OSError:
-        pass
-    for p in pids:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError):
-            continue
-    return total
 
 
 async def worker(base: str, token: str, kind: str, project: str, stop: asyncio.Event,
@@ -98,37 +62,16 @@ async def _work(http: httpx.AsyncClient, h: dict[str, str], kind: str, project: 
         counts[kind] += 1
 
 
-async def run(args: argparse.Namespace, url: str) -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "TASKLEDGER_ADMIN_TOKEN": ADMIN}
-    log = Path(tempfile.mkstemp(prefix="full-loop-serve-", suffix=".log")[1])
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "taskledger.service.cli", "serve", "--port", str(port), "--database-url", url,
-             "--server", args.server, "--workers", str(args.workers)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+async def run(args: argparse.Namespace, url: str, machine_line: str) -> None:
+    server = Server(url, args.server, args.workers)
+    base = server.base
     try:
+        await server.ready()
+        producer = server.token("producer")
+        makers = [server.token("worker", node=f"node-m{i}") for i in range(args.makers)]
+        checkers = [server.token("worker", node=f"node-c{i}") for i in range(args.checkers)]
         async with httpx.AsyncClient(base_url=base, timeout=60,
                                      limits=httpx.Limits(max_connections=200, max_keepalive_connections=200)) as http:
-            for _ in range(600):
-                try:
-                    if (await http.get("/readyz")).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(0.1)
-            admin = {"Authorization": f"Bearer {ADMIN}"}
-
-            async def token(role: str, node: str | None = None) -> str:
-                body = {"role": role, "name": f"{role}-{uuid.uuid4().hex[:6]}"} | ({"node": node} if node else {})
-                r = await http.post("/tokens", headers=admin, json=body)
-                r.raise_for_status()
-                return str(r.json()["token"])
-
-            producer = await token("producer")
-            makers = [await token("worker", f"node-m{i}") for i in range(args.makers)]
-            checkers = [await token("worker", f"node-c{i}") for i in range(args.checkers)]
             project = "loop-" + uuid.uuid4().hex[:6]
             ids = [f"L-{i}" for i in range(args.tasks)]
             ph = {"Authorization": f"Bearer {producer}"}
@@ -143,7 +86,7 @@ async def run(args: argparse.Namespace, url: str) -> None:
 
             stop = asyncio.Event()
             counts = {"implement": 0, "verify": 0}
-            cpu0 = cpu_of(proc.pid)
+            cpu0 = server.cpu_seconds()
             client0 = resource.getrusage(resource.RUSAGE_SELF)
             t0 = time.perf_counter()
             workers = [asyncio.create_task(worker(base, tok, "implement", project, stop, counts)) for tok in makers]
@@ -156,7 +99,7 @@ async def run(args: argparse.Namespace, url: str) -> None:
             elapsed = time.perf_counter() - t0
             stop.set()
             await asyncio.gather(*workers, return_exceptions=True)
-            serve_cpu = cpu_of(proc.pid) - cpu0
+            serve_cpu = server.cpu_seconds() - cpu0
             c1 = resource.getrusage(resource.RUSAGE_SELF)
             client_cpu = (c1.ru_utime + c1.ru_stime) - (client0.ru_utime + client0.ru_stime)
             r = await http.get("/tasks", headers=ph, params={"project": project, "state": "verified", "limit": 1})
@@ -176,7 +119,7 @@ async def run(args: argparse.Namespace, url: str) -> None:
         ok, bad, _ = verify_chain(events)
         gapless = [e["seq"] for e in events] == list(range(1, head + 1))
         n = args.tasks
-        print(f"date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} cpus; load before {args.load}")
+        print(f"{machine_line}; load before {args.load}")
         print(f"server: {args.server} x{args.workers}; makers {args.makers}, checkers {args.checkers}; "
               f"tasks {n}")
         print(f"all verified: {verified == n} ({verified}/{n}); verdicts from the maker's node: {same_node}; "
@@ -187,11 +130,7 @@ async def run(args: argparse.Namespace, url: str) -> None:
         if verified != n or same_node or not gapless or not ok:
             raise SystemExit("FAILED a check")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
 
 
 def main() -> None:
@@ -205,39 +144,9 @@ def main() -> None:
     ap.add_argument("--database-url", default=None)
     args = ap.parse_args()
     args.load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    tmp = None
-    handle = None
-    db = "bench_loop_" + uuid.uuid4().hex[:8]
-    if args.database_url:
-        admin_url = args.database_url
-    else:
-        tmp = tempfile.mkdtemp(prefix="full-loop-pg-")
-        handle, u = start_embedded(tmp)
-        admin_url = with_database(u, "postgres")
-
-    async def create_db() -> None:
-        c = await asyncpg.connect(admin_url)
-        try:
-            await c.execute(f'CREATE DATABASE "{db}"')
-        finally:
-            await c.close()
-
-    async def drop_db() -> None:
-        c = await asyncpg.connect(admin_url)
-        try:
-            await c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        finally:
-            await c.close()
-
-    asyncio.run(create_db())
-    try:
-        asyncio.run(run(args, with_database(admin_url, db)))
-    finally:
-        asyncio.run(drop_db())
-        if handle is not None:
-            handle.cleanup()
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+    with Postgres(args.database_url) as pg, pg.database("bench_loop_") as db:
+        info = machine(pg.version)
+        asyncio.run(run(args, db.url, f"date: {info['date']}; machine: {describe(info)}"))
 
 
 if __name__ == "__main__":

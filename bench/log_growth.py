@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
-from datetime import UTC, datetime
 
+import asyncpg
+
+from bench.harness import Database, Postgres, describe, machine
 from bench.rebuild import seed
-from bench.scratch import migrated_database, server
 
 SIZES = """
 SELECT c.relname AS name, pg_relation_size(c.oid) AS bytes
@@ -34,8 +33,9 @@ ORDER BY bytes DESC
 """
 
 
-async def main_async(events: int, url: str) -> None:
-    async with migrated_database(url, "tl_bench_growth_") as conn:
+async def main_async(events: int, pg: Postgres) -> None:
+    async with Database(pg.url, "tl_bench_growth_") as db:
+        conn = await asyncpg.connect(db.url)
         wal0 = await conn.fetchval("SELECT pg_current_wal_lsn()::text")
         head, secs = await seed(conn, events)
         wal = await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)", wal0)
@@ -53,9 +53,9 @@ async def main_async(events: int, url: str) -> None:
         per = float(wal) / head
         print(f"| WAL written while seeding (COPY) | {per:,.0f} | {per * 1e6 / 2**20:,.0f} |")
         print(f"average stored data+meta per event: {float(payload):,.0f} bytes")
-        print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
-              f"Python {platform.python_version()}, PostgreSQL {await conn.fetchval('SHOW server_version')}; "
-              f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
+        await conn.close()
+        info = machine(pg.version)
+        print(f"machine: {describe(info)}; {info['date']}")
 
 
 def main() -> None:
@@ -63,8 +63,8 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--database-url", default=None)
     args = ap.parse_args()
-    with server(args.database_url, "tl-bench-growth-") as url:
-        asyncio.run(main_async(args.events, url))
+    with Postgres(args.database_url) as pg:
+        asyncio.run(main_async(args.events, pg))
 
 
 if __name__ == "__main__":

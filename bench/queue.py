@@ -51,21 +51,8 @@ from typing import Any
 
 import asyncpg
 
-from bench.append_http import (
-    ROOT,
-    CpuMeter,
-    Serve,
-    _verify_chain,
-    bench_pgbench,
-    cpu_text,
-    create_database,
-    drop_database,
-    log,
-    machine,
-    postmaster_pid,
-    wrk,
-)
-from taskledger.service.ops.embedded import start_embedded, with_database
+from bench.append_http import CpuMeter, _verify_chain, bench_pgbench, cpu_text, log, postmaster_pid, wrk
+from bench.harness import ROOT, Postgres, Server, create_database, describe, drop_database, machine
 
 _DONE = r"""
 function done(summary, latency, requests)
@@ -274,7 +261,7 @@ async def _gapless(db_url: str) -> bool:
 
 
 class Steps:
-    def __init__(self, srv: Serve, db_url: str, pg_pid: int | None, tmp: Path, seconds: float) -> None:
+    def __init__(self, srv: Server, db_url: str, pg_pid: int | None, tmp: Path, seconds: float) -> None:
         self.srv, self.db_url, self.pg_pid, self.tmp, self.seconds = srv, db_url, pg_pid, tmp, seconds
         self.results: list[dict[str, Any]] = []
         for name, text in (("create", CREATE_LUA), ("loop", LOOP_LUA), ("drain", DRAIN_LUA)):
@@ -449,18 +436,15 @@ def main(argv: list[str] | None = None) -> int:
     steps = set(args.steps.split(","))
     started = datetime.now(UTC)
     info = machine()
-    log(f"machine: {info['nproc']} cpus, {info['cpu']}, load {info['loadavg']}")
+    log(f"machine: {describe(info)}")
     tmp = Path(tempfile.mkdtemp(prefix="tl-queue-"))
-    handle = None
+    pg = None
     results: list[dict[str, Any]] = []
     chain_ok = True
     try:
-        if args.database_url:
-            maint = args.database_url
-        else:
-            (tmp / "pg").mkdir()
-            handle, url = start_embedded(tmp / "pg")
-            maint = with_database(url, "postgres")
+        pg = Postgres(args.database_url, tmp / "pg")
+        maint = pg.url
+        info["postgres"] = pg.version
         pg_pid = postmaster_pid(maint)
 
         def pgbench() -> None:
@@ -475,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             pgbench()
         name = f"bench_queue_{uuid.uuid4().hex[:6]}"
         db_url = create_database(maint, name)
-        srv = Serve(db_url, "granian", args.workers, tmp, root=args.serve_root)
+        srv = Server(db_url, "granian", args.workers, tmp, root=args.serve_root).wait_ready()
         try:
             producer, c = srv.token("producer"), args.connections
             s = Steps(srv, db_url, pg_pid, tmp, args.seconds)
@@ -505,8 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         if "pgbench" in steps:
             pgbench()
     finally:
-        if handle is not None:
-            handle.cleanup()
+        if pg is not None:
+            pg.close()
         shutil.rmtree(tmp, ignore_errors=True)
     base = [r["rate"] for r in results if r["what"].startswith("pgbench")]
     baseline = sum(base) / len(base) if base else None
@@ -531,15 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if chain_ok and all(r["gapless"] in (None, True) for r in results) else 1
 
 
-def _worker_token(srv: Serve, name: str, node: str) -> str:
-    import httpx
-
-    from bench.append_http import ADMIN_TOKEN
-
-    r = httpx.post(srv.base + "/tokens", json={"role": "worker", "name": name, "node": node},
-                   headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
-    r.raise_for_status()
-    return str(r.json()["token"])
+def _worker_token(srv: Server, name: str, node: str) -> str:
+    return srv.token("worker", name, node)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import asyncio
 import gc
 import hashlib
 import os
-import platform
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -35,7 +34,8 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from bench.scratch import migrated_database, server
+from bench.harness import Database, Postgres, describe, machine
+from taskledger import log as store
 from taskledger.events.canonical import GENESIS_HASH, canonical_json, event_hash, format_ts
 from taskledger.events.lease import Holder
 from taskledger.events.task import events as task_events
@@ -43,9 +43,8 @@ from taskledger.events.task.events import Requirement, RequirementVerdict, event
 from taskledger.events.task.panel import Verdict, decide_complete, decide_verifier_complete
 from taskledger.events.task.rules import Claim, NewTask, decide_claim, decide_collect, decide_create, decide_start
 from taskledger.events.task.state import TaskState, evolve, evolve_owned
-from taskledger.projections import framework
+from taskledger.projections import catalog, framework
 from taskledger.projections import tasks as task_rows
-from taskledger.service.ops.embedded import with_database
 
 PH = "XQXIDXQX"
 _enc = msgspec.json.Encoder()
@@ -149,7 +148,7 @@ async def raw_reads(conn: asyncpg.Connection, head: int) -> dict[str, float]:
     t0 = time.perf_counter()
     pos = n = 0
     while pos < head:
-        page = await framework.read_page(conn, "task:", pos, min(pos + framework.PAGE_SEQS, head))
+        page = await store.read_page(conn, "task:", pos, min(pos + framework.PAGE_SEQS, head))
         n += len(page)
         pos += framework.PAGE_SEQS
     out["the rebuild's paged read (10,000 seqs a page)"] = n / (time.perf_counter() - t0)
@@ -161,10 +160,10 @@ async def fold_in_memory(conn: asyncpg.Connection, n_events: int) -> dict[str, f
     (best of three): the payload decode; `evolve`, a new state per event as the command path
     folds, against `evolve_owned`, in place, over the same decoded events; and the rebuild's
     whole `fold_page` (decode, `evolve_owned`, its bookkeeping). All give the same states."""
-    page: list[framework.LogEvent] = []
+    page: list[store.LogEvent] = []
     pos = 0
     while pos < n_events:
-        page += await framework.read_page(conn, "task:", pos, min(pos + framework.PAGE_SEQS, n_events))
+        page += await store.read_page(conn, "task:", pos, min(pos + framework.PAGE_SEQS, n_events))
         pos += framework.PAGE_SEQS
     events = [(e.stream[5:], task_events.decode(e.type, e.data), e) for e in page]
 
@@ -217,8 +216,9 @@ def _cpu_seconds(pids: list[int]) -> list[float]:
     return out
 
 
-async def main_async(args: argparse.Namespace, url: str) -> None:
-    async with migrated_database(url, "tl_bench_rebuild_") as conn:
+async def main_async(args: argparse.Namespace, pg: Postgres) -> None:
+    async with Database(pg.url, "tl_bench_rebuild_") as db:
+        conn = await asyncpg.connect(db.url)
         head, secs = await seed(conn, args.events)
         print(f"seeded {head:,} events in {secs:.1f}s ({head / secs:,.0f} events/s)", flush=True)
         size = await conn.fetchval("SELECT pg_size_pretty(pg_total_relation_size('events'))")
@@ -230,27 +230,29 @@ async def main_async(args: argparse.Namespace, url: str) -> None:
         if args.fold_events:
             for label, us in (await fold_in_memory(conn, min(head, args.fold_events))).items():
                 print(f"fold in memory, {label}: {us:.2f} µs/event", flush=True)
-        reader = await asyncpg.connect(with_database(url, await conn.fetchval("SELECT current_database()")))
+        reader = await asyncpg.connect(db.url)
         backends = [await c.fetchval("SELECT pg_backend_pid()") for c in (conn, reader)]
-        for p in framework.select(None):
-            py, pg = time.process_time(), _cpu_seconds(backends)
+        for p in catalog.PROJECTIONS:
+            py, cpu_pg = time.process_time(), _cpu_seconds(backends)
             res = await framework.rebuild(conn, p, reader=reader)
-            py, pg = time.process_time() - py, [b - a for a, b in zip(pg, _cpu_seconds(backends), strict=True)]
+            py = time.process_time() - py
+            cpu_pg = [b - a for a, b in zip(cpu_pg, _cpu_seconds(backends), strict=True)]
             rows = await conn.fetchval(f"SELECT count(*) FROM {p.tables[0].name}")
             rate = res.events_per_second
-            cpu = f"CPU: Python {py:.2f}s" + (f", PostgreSQL {pg[0]:.2f}s + {pg[1]:.2f}s (reader)" if pg else "")
+            cpu = f"CPU: Python {py:.2f}s" + (
+                f", PostgreSQL {cpu_pg[0]:.2f}s + {cpu_pg[1]:.2f}s (reader)" if cpu_pg else "")
             print(f"rebuild {p.name}: {res.seconds:.1f}s, {rate:,.0f} log events/s "
                   f"({rate / cursor:.2f}x the cursor read, {rate / paged:.2f}x the paged read), "
                   f"{rows:,} rows, head lock held {res.swap_ms:.1f} ms; {cpu}", flush=True)
         if not args.no_check:
             t0 = time.perf_counter()
-            diffs = await framework.check(conn, [framework.get("tasks")])
+            diffs = await framework.check(conn, [catalog.TASKS])
             el = time.perf_counter() - t0
             print(f"check tasks: {el:.1f}s, {head / el:,.0f} events/s, {len(diffs)} differences", flush=True)
         await reader.close()
-        print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
-              f"Python {platform.python_version()}, "
-              f"{await conn.fetchval('SHOW server_version')}; {datetime.now(UTC):%Y-%m-%d}")
+        await conn.close()
+        info = machine(pg.version)
+        print(f"machine: {describe(info)}; {info['date']}")
 
 
 def main() -> None:
@@ -260,8 +262,8 @@ def main() -> None:
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--fold-events", type=int, default=200_000, help="events folded in memory, timed alone (0: none)")
     args = ap.parse_args()
-    with server(args.database_url, "tl-bench-rebuild-") as url:
-        asyncio.run(main_async(args, url))
+    with Postgres(args.database_url) as pg:
+        asyncio.run(main_async(args, pg))
 
 
 if __name__ == "__main__":

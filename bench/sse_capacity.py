@@ -39,10 +39,20 @@ from typing import Any
 import asyncpg
 import httpx
 
-from bench._sse_env import TOKEN, Database, Server, exit_cleanly_on_sigterm, machine, percentile, raise_fd_limit
+from bench.harness import ADMIN_TOKEN as TOKEN
+from bench.harness import (
+    Database,
+    Postgres,
+    Server,
+    describe,
+    exit_cleanly_on_sigterm,
+    machine,
+    percentile,
+    raise_fd_limit,
+)
 from bench.sse_latency import Subscriber
-from taskledger.events import store
-from taskledger.events.store import NewEvent
+from taskledger import log as store
+from taskledger.log import NewEvent
 
 FEED = "feed"
 
@@ -155,14 +165,14 @@ def main() -> None:
     args = ap.parse_args()
     exit_cleanly_on_sigterm()
     raise_fd_limit()
+    pg = Postgres(data_dir=args.data_dir)
     print(f"date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    print(f"machine: {machine()}")
+    print(f"machine: {describe(machine(pg.version))}")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    db = Database(args.data_dir)
     try:
-        asyncio.run(run(args, db))
+        asyncio.run(run(args, pg.database()))
     finally:
-        db.close()
+        pg.close()
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

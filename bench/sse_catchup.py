@@ -25,9 +25,10 @@ from typing import Any
 
 import asyncpg
 
-from bench._sse_env import TOKEN, Database, Server, exit_cleanly_on_sigterm, machine
-from taskledger.events import store
-from taskledger.events.store import EVENT_ROW_SQL, NewEvent, event_json
+from bench.harness import ADMIN_TOKEN as TOKEN
+from bench.harness import Database, Postgres, Server, describe, exit_cleanly_on_sigterm, machine, server_version
+from taskledger import log as store
+from taskledger.log import EVENT_ROW_SQL, NewEvent, event_json
 
 _ID = re.compile(rb"\nid: ([0-9]+)\r")
 
@@ -139,11 +140,11 @@ def main() -> None:
     args = ap.parse_args()
     exit_cleanly_on_sigterm()
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    db = Database(args.data_dir)
+    pg = Postgres(data_dir=args.data_dir)
     try:
-        asyncio.run(run(args, db, load))
+        asyncio.run(run(args, pg.database(), load))
     finally:
-        db.close()
+        pg.close()
 
 
 async def run(args: argparse.Namespace, db: Database, load: str) -> None:
@@ -170,7 +171,7 @@ async def run(args: argparse.Namespace, db: Database, load: str) -> None:
     finally:
         await db.drop()
     print(f"date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    print(f"machine: {machine()}; load average before: {load}")
+    print(f"machine: {describe(machine(await server_version(db.server_url)))}; load average before: {load}")
     print(f"seeded {n} events ({size}) through the store in {seeded:.1f}s")
     print(f"raw asyncpg read, all columns, pages of 2000: {raw_cols:,.0f} events/s")
     print(f"raw asyncpg read, event JSON as the feed sends it: {raw_json:,.0f} events/s")

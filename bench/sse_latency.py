@@ -28,9 +28,20 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from bench._sse_env import TOKEN, Database, Server, exit_cleanly_on_sigterm, machine, percentile, raise_fd_limit
-from taskledger.events import store
-from taskledger.events.store import NewEvent
+from bench.harness import ADMIN_TOKEN as TOKEN
+from bench.harness import (
+    Database,
+    Postgres,
+    Server,
+    describe,
+    exit_cleanly_on_sigterm,
+    machine,
+    percentile,
+    raise_fd_limit,
+    server_version,
+)
+from taskledger import log as store
+from taskledger.log import NewEvent
 
 load = ""
 _T = re.compile(rb'"t": ([0-9.e+-]+)')
@@ -150,11 +161,11 @@ def main() -> None:
     raise_fd_limit()
     global load  # noqa: PLW0603 - printed at the end
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    db = Database(args.data_dir)
+    pg = Postgres(data_dir=args.data_dir)
     try:
-        asyncio.run(run(args, db))
+        asyncio.run(run(args, pg.database()))
     finally:
-        db.close()
+        pg.close()
 
 
 async def run(args: argparse.Namespace, db: Database) -> None:
@@ -225,7 +236,7 @@ async def run(args: argparse.Namespace, db: Database) -> None:
         print(f"first delivery of an event: p50 {percentile(firsts, 50):.1f} ms; "
               f"spread first..last: p50 {percentile(spreads, 50):.1f} ms p99 {percentile(spreads, 99):.1f}")
     print(f"date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    print(f"machine: {machine()}")
+    print(f"machine: {describe(machine(await server_version(db.server_url)))}")
     print(f"server: {args.server}, {args.workers} worker(s); writers in "
           f"{'the subscribers' if args.same_process_writers else 'their own'} process; "
           f"subscribers: {args.subscribers} (connected in {connect_s:.1f}s); "

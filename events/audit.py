@@ -1,4 +1,5 @@
-"""Proving the log: recompute its hash chain from the table or from an export.
+"""Proving the log: the hash chain's rules, over an export or (through
+`taskledger.log.audit`) over the table.
 
 Export format (docs/AUDIT.md): JSON lines. The first line is a header
 ``{"taskledger_audit": 1, "from_seq", "to_seq", "prev_hash"}`` — `prev_hash` is
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -34,13 +35,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from taskledger.events.canonical import GENESIS_HASH, event_hash
-from taskledger.events.store import ANY, EVENT_ROW_SQL, LogTx, NewEvent, RecordedEvent, event_json
 
 CHECKPOINT_STREAM: Final = "audit"
 CHECKPOINT_TYPE: Final = "audit.checkpoint"
 
 FORMAT_VERSION: Final = 1
-PAGE: Final = 5_000
 
 _dec = msgspec.json.Decoder()
 _enc = msgspec.json.Encoder()
@@ -104,36 +103,6 @@ def check_checkpoint(data: Any, key: Ed25519PublicKey) -> str | None:
     return None
 
 
-async def append_checkpoint(
-    log: LogTx, key: Ed25519PrivateKey, *, every_events: int = 0, every_seconds: float = 0,
-    started_at: datetime | None = None,
-) -> RecordedEvent | None:
-    """Append a checkpoint over the head, inside the caller's transaction (which
-    holds the head lock, so replicas checking at once take turns and the second
-    sees the first's checkpoint). With neither `every_*` given it always
-    appends; else only when that many events or seconds passed since the last
-    one, and never over a head that is itself a checkpoint."""
-    if every_events or every_seconds:
-        last = await log.conn.fetchrow(
-            "SELECT seq, recorded_at FROM events WHERE stream = $1 ORDER BY stream_seq DESC LIMIT 1",
-            CHECKPOINT_STREAM)
-        last_seq, last_at = (None, None) if last is None else (int(last["seq"]), last["recorded_at"])
-        if not checkpoint_due(log.head_seq, last_seq, last_at, log.now, every_events, every_seconds,
-                              started_at or log.now):
-            return None
-    data = checkpoint_data(key, log.head_seq, log.head_hash)
-    (ev,) = await log.append(CHECKPOINT_STREAM, [NewEvent(type=CHECKPOINT_TYPE, data=data)],
-                             expected_version=ANY, meta={"actor": "taskledger", "role": "system"})
-    return ev
-
-
-def checkpoint_due_sql() -> str:
-    """(head, last checkpoint's seq, its time): a cheap look outside the head lock."""
-    return ("SELECT (SELECT seq FROM log_head WHERE id = 1) AS head, c.seq, c.recorded_at FROM "
-            "(SELECT 1) AS one LEFT JOIN LATERAL (SELECT seq, recorded_at FROM events WHERE stream = 'audit' "
-            "ORDER BY stream_seq DESC LIMIT 1) AS c ON true")
-
-
 def checkpoint_due(head: int, last_seq: int | None, last_at: datetime | None, now: datetime,
                    every_events: int, every_seconds: float, started_at: datetime) -> bool:
     """Whether `every_events` events or `every_seconds` seconds passed since the
@@ -146,68 +115,11 @@ def checkpoint_due(head: int, last_seq: int | None, last_at: datetime | None, no
                 or (every_seconds and now - last_at >= timedelta(seconds=every_seconds)))
 
 
-async def _anchor(conn: Any, from_seq: int) -> str | None:
-    if from_seq <= 1:
-        return GENESIS_HASH
-    h = await conn.fetchval("SELECT hash FROM events WHERE seq = $1", from_seq - 1)
-    return None if h is None else str(h)
-
-
-async def event_pages(conn: Any, from_seq: int, to_seq: int, page: int = PAGE) -> AsyncIterator[list[str]]:
-    """The contract's event JSON (text) for seqs from_seq..to_seq, a page at a time."""
-    pos = from_seq - 1
-    while pos < to_seq:
-        end = min(pos + page, to_seq)
-        rows = await conn.fetch(
-            f"SELECT {EVENT_ROW_SQL} FROM events WHERE seq > $1 AND seq <= $2 ORDER BY seq", pos, end)
-        yield [event_json(r) for r in rows]
-        pos = end
-
-
-async def verify_table(
-    conn: Any, from_seq: int = 1, to_seq: int | None = None, public_key: Ed25519PublicKey | None = None,
-) -> VerifyResult:
-    """Recompute the chain over events[from_seq..to_seq] (to the head by default), in pages.
-
-    A missing seq counts as the first bad one. When the range reaches the head,
-    the head row's hash must equal the recomputed one.
-    """
-    row = await conn.fetchrow("SELECT seq, hash FROM log_head WHERE id = 1")
-    head, head_hash = int(row["seq"]), str(row["hash"])
-    from_seq = max(from_seq, 1)
-    to = head if to_seq is None else min(to_seq, head)
-    res = VerifyResult(ok=True, head_seq=head, head_hash=head_hash, first_bad_seq=None,
-                       from_seq=from_seq, to_seq=to, checked=0)
-    prev = await _anchor(conn, from_seq)
-    if prev is None:
-        res.ok, res.first_bad_seq, res.reason = False, from_seq - 1, f"event {from_seq - 1} is missing"
-        return res
-    expected = from_seq
-    async for page in event_pages(conn, from_seq, to):
-        for text in page:
-            ev = _dec.decode(text)
-            bad = _check_one(ev, expected, prev)
-            if bad is None and is_checkpoint(ev):
-                bad = _check_link(ev, prev, public_key)
-                res.checkpoints += bad is None
-            if bad is not None:
-                res.ok, res.first_bad_seq, res.reason = False, expected if bad == "gap" else ev["seq"], bad
-                return res
-            prev = ev["hash"]
-            expected += 1
-            res.checked += 1
-    if expected <= to:
-        res.ok, res.first_bad_seq, res.reason = False, expected, f"event {expected} is missing"
-    elif to == head and head > 0 and prev != head_hash:
-        res.ok, res.first_bad_seq, res.reason = False, head, "log_head's hash differs from the chain"
-    return res
-
-
 def is_checkpoint(ev: dict[str, Any]) -> bool:
     return ev.get("type") == CHECKPOINT_TYPE and ev.get("stream") == CHECKPOINT_STREAM
 
 
-def _check_link(ev: dict[str, Any], prev: str, key: Ed25519PublicKey | None) -> str | None:
+def check_link(ev: dict[str, Any], prev: str, key: Ed25519PublicKey | None) -> str | None:
     """A checkpoint in the log names the event before it, and (with a key) is signed."""
     data = ev["data"]
     if data.get("covers_seq") != ev["seq"] - 1 or data.get("covers_hash") != prev:
@@ -215,7 +127,7 @@ def _check_link(ev: dict[str, Any], prev: str, key: Ed25519PublicKey | None) -> 
     return None if key is None else check_checkpoint(data, key)
 
 
-def _check_one(ev: Any, expected_seq: int, prev: str) -> str | None:
+def check_one(ev: Any, expected_seq: int, prev: str) -> str | None:
     """None when `ev` is the next link after `prev`, else why not."""
     if ev.get("seq") != expected_seq:
         return "gap"
@@ -245,24 +157,6 @@ def trailer_line(count: int, last_seq: int | None, last_hash: str) -> str:
 def compact(event_json: str) -> str:
     """One event JSON object on one line, keys in the contract's order."""
     return _enc.encode(_dec.decode(event_json)).decode()
-
-
-async def export_lines(conn: Any, from_seq: int = 1, to_seq: int | None = None) -> AsyncIterator[str]:
-    head = int(await conn.fetchval("SELECT seq FROM log_head WHERE id = 1"))
-    from_seq = max(from_seq, 1)
-    to = head if to_seq is None else min(to_seq, head)
-    prev = await _anchor(conn, from_seq)
-    if prev is None:
-        raise ValueError(f"event {from_seq - 1} is missing: the export has no anchor")
-    yield header_line(from_seq, to, prev)
-    count, last_seq, last_hash = 0, None, prev
-    async for page in event_pages(conn, from_seq, to):
-        for text in page:
-            line = compact(text)
-            ev = _dec.decode(line)
-            count, last_seq, last_hash = count + 1, ev["seq"], ev["hash"]
-            yield line
-    yield trailer_line(count, last_seq, last_hash)
 
 
 class FileVerdict(msgspec.Struct, kw_only=True):
@@ -390,11 +284,11 @@ def verify_lines(
                 return fail(n, seq, f"the file starts at seq {seq} without a header giving the previous hash")
             prev, expected = GENESIS_HASH, 1
         assert expected is not None
-        bad = _check_one(obj, expected, prev)
+        bad = check_one(obj, expected, prev)
         if bad is not None:
             return fail(n, expected if bad == "gap" else seq, f"line {n}: {bad}")
         if is_checkpoint(obj):
-            why = _check_link(obj, prev, public_key)
+            why = check_link(obj, prev, public_key)
             if why is not None:
                 return fail(n, seq, f"line {n}: {why}")
             out.checkpoints += public_key is not None

@@ -3,8 +3,9 @@
 A projection is a `Projection`: a name, a version, the tables it owns, the
 streams it reads (a prefix such as ``task:``), whether it is inline, and a
 `Fold` — the pure step from events to rows, with the reading and writing of
-one page of rows at its edges. Registering one is a few lines in
-`projections.catalog`.
+one page of rows at its edges. The projections taskledger keeps are listed in
+`projections.catalog`; everything here takes them as arguments, so this module
+imports no projection.
 
 Checkpoints
 -----------
@@ -12,7 +13,7 @@ Checkpoints
 reflect, and it always moves in the same transaction as the rows:
 
 * inline projections (tasks, blockers, jobs) write their rows in the writer's
-  batch transaction, and `events.store.LogTx.finish` moves every inline
+  batch transaction, and `taskledger.log.LogTx.finish` moves every inline
   checkpoint to the new head in the statement that moves the head;
 * an async projection folds pages from its checkpoint (`advance`) and writes
   its rows and its checkpoint in one transaction per page.
@@ -30,9 +31,9 @@ Rebuild without downtime — read this before changing the order
 2. The pass repeats until the shadow is within `CATCH_UP_UNDER_LOCK` events of
    the head; then the secondary indexes are built (``<index>__rebuild``) and
    the shadow tables are analysed.
-3. One transaction takes the log's head lock (``SELECT ... FROM log_head FOR
-   UPDATE``). That stops every appender on every replica — and inline
-   projections only change with an append — so the live tables and the log
+3. One transaction takes the log's head lock (`taskledger.log.lock_head`).
+   That stops every appender on every replica — and inline projections only
+   change with an append — so the live tables and the log
    stand still. It folds the last events, takes ACCESS EXCLUSIVE on the live
    tables (readers finish first; `lock_timeout` bounds the wait), drops them,
    renames the shadows, their constraints and indexes to the live names, sets
@@ -61,6 +62,8 @@ from typing import Any, Final, Protocol
 import asyncpg
 import msgspec
 
+from taskledger import log as store
+
 CATCH_UP_UNDER_LOCK: Final = 2_000
 """Fold at most about this many events while holding the head lock."""
 
@@ -69,21 +72,6 @@ PAGE_SEQS: Final = 10_000
 
 SWAP_LOCK_TIMEOUT: Final = "5s"
 SWAP_ATTEMPTS: Final = 5
-
-_EVENT_COLUMNS: Final = """seq, stream, stream_seq, type, data::text AS data,
-    to_char(recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS recorded_at"""
-
-
-class LogEvent(msgspec.Struct, frozen=True, array_like=True):
-    """One event as a fold reads it: the payload stays JSON text until the fold decodes it."""
-
-    seq: int
-    stream: str
-    stream_seq: int
-    type: str
-    data: str
-    recorded_at: str
-
 
 @dataclass(frozen=True)
 class Table:
@@ -124,59 +112,15 @@ class Projection:
     """`as_of(conn, key, seq)`: one entity's state after `seq`, folded from the log."""
 
 
-_REGISTRY: dict[str, Projection] = {}
-
-
-def register(p: Projection) -> Projection:
-    if p.name in _REGISTRY and _REGISTRY[p.name] is not p:
-        raise ValueError(f"projection {p.name} is registered twice")
-    _REGISTRY[p.name] = p
-    return p
-
-
-def registered() -> dict[str, Projection]:
-    from taskledger.projections import catalog  # noqa: F401 - registers the built-in projections
-
-    return dict(_REGISTRY)
-
-
-def get(name: str) -> Projection:
-    projections = registered()
-    if name not in projections:
-        raise KeyError(name)
-    return projections[name]
-
-
-def select(names: Sequence[str] | None) -> list[Projection]:
-    """The named projections (all when `names` is empty), or KeyError for an unknown one."""
-    projections = registered()
+def select(projections: Sequence[Projection], names: Sequence[str] | None) -> list[Projection]:
+    """The named ones of `projections` (all when `names` is empty), or KeyError for an unknown one."""
+    by_name = {p.name: p for p in projections}
     if not names:
-        return list(projections.values())
-    missing = [n for n in names if n not in projections]
+        return list(projections)
+    missing = [n for n in names if n not in by_name]
     if missing:
         raise KeyError(", ".join(missing))
-    return [projections[n] for n in names]
-
-
-# ------------------------------------------------------------------ reading the log
-
-
-async def read_page(conn: Any, prefix: str, after: int, upto: int) -> list[LogEvent]:
-    rows = await conn.fetch(
-        f"SELECT {_EVENT_COLUMNS} FROM events WHERE seq > $1 AND seq <= $2 "
-        "AND left(stream, $3) = $4 ORDER BY seq",
-        after, upto, len(prefix), prefix,
-    )
-    return [LogEvent(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
-
-
-async def read_stream_before(conn: Any, streams: Sequence[str], before: int) -> list[LogEvent]:
-    """Every event of `streams` with seq < `before`, in seq order (to refold evicted state)."""
-    rows = await conn.fetch(
-        f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream = ANY($1::text[]) AND seq < $2 ORDER BY seq",
-        list(streams), before,
-    )
-    return [LogEvent(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+    return [by_name[n] for n in names]
 
 
 Progress = Callable[[str, int, int], None]
@@ -230,7 +174,7 @@ async def fold_range(
     Only for committed seqs, i.e. up to a head read before.
     """
     pos = after
-    ahead: asyncio.Future[list[LogEvent]] | None = None
+    ahead: asyncio.Future[list[store.LogEvent]] | None = None
     with _no_gc():
         try:
             while pos < upto:
@@ -240,10 +184,10 @@ async def fold_range(
                 else:
                     if reader is None:
                         await _idle(fold)
-                    page = await read_page(reader or conn, p.streams, pos, end)
+                    page = await store.read_page(reader or conn, p.streams, pos, end)
                 if reader is not None and end < upto:
                     ahead = asyncio.ensure_future(
-                        read_page(reader, p.streams, end, min(end + page_seqs, upto)))
+                        store.read_page(reader, p.streams, end, min(end + page_seqs, upto)))
                 if page:
                     await fold.apply(conn, page, tables)
                 pos = end
@@ -256,10 +200,6 @@ async def fold_range(
                     await ahead
             await settle(fold, conn)
     return pos
-
-
-async def head_seq(conn: Any) -> int:
-    return int(await conn.fetchval("SELECT seq FROM log_head WHERE id = 1"))
 
 
 async def checkpoint(conn: Any, name: str) -> int | None:
@@ -427,7 +367,7 @@ async def rebuild(
         fold = p.new_fold()
         pos, passes, last_gap = 0, 0, None
         while True:
-            head = await head_seq(conn)
+            head = (await store.head(conn)).seq
             gap = head - pos
             # Catch up until close to the head; under a write rate the fold
             # cannot outrun, stop chasing once the gap no longer shrinks.
@@ -443,7 +383,7 @@ async def rebuild(
             try:
                 async with conn.transaction():
                     await conn.execute(f"SET LOCAL lock_timeout = '{SWAP_LOCK_TIMEOUT}'")
-                    head = int(await conn.fetchval("SELECT seq FROM log_head WHERE id = 1 FOR UPDATE"))
+                    head = (await store.lock_head(conn))[0].seq
                     end = await fold_range(conn, p, fold, tables, pos, head, progress, page_seqs)
                     for sh in shadows:
                         await swap_in(conn, sh)
@@ -455,7 +395,7 @@ async def rebuild(
                 if attempt == SWAP_ATTEMPTS:
                     raise
                 await asyncio.sleep(0.2 * attempt)
-                pos = await fold_range(conn, p, fold, tables, pos, await head_seq(conn), progress, page_seqs)
+                pos = await fold_range(conn, p, fold, tables, pos, (await store.head(conn)).seq, progress, page_seqs)
                 continue
             swap_ms = (time.perf_counter() - t0) * 1000
             pos = end
@@ -576,7 +516,7 @@ async def advance(conn: Any, p: Projection, fold: Fold, *, page_seqs: int = PAGE
     if pos is None:
         await set_checkpoint(conn, p, 0)
         pos = 0
-    head = await head_seq(conn)
+    head = (await store.head(conn)).seq
     while pos < head:
         end = min(pos + page_seqs, head)
         try:
@@ -588,7 +528,7 @@ async def advance(conn: Any, p: Projection, fold: Fold, *, page_seqs: int = PAGE
                     fold.reset()
                     pos = int(cur)
                     continue
-                page = await read_page(conn, p.streams, pos, end)
+                page = await store.read_page(conn, p.streams, pos, end)
                 if page:
                     await fold.apply(conn, page, tables)
                     await settle(fold, conn)
@@ -627,12 +567,12 @@ class ProjectionStatus(msgspec.Struct, kw_only=True):
     lag: int | None
 
 
-async def statuses(conn: Any) -> list[ProjectionStatus]:
+async def statuses(conn: Any, projections: Sequence[Projection]) -> list[ProjectionStatus]:
     rows = {r["name"]: r for r in await conn.fetch(
         "SELECT name, version, seq FROM projection_checkpoints")}
-    head = await head_seq(conn)
+    head = (await store.head(conn)).seq
     out = []
-    for p in registered().values():
+    for p in projections:
         r = rows.get(p.name)
         cp = None if r is None else int(r["seq"])
         out.append(ProjectionStatus(

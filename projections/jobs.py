@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 import msgspec
 
+from taskledger import log as store
 from taskledger.events.job import events as job_events
 from taskledger.events.job import state as job_state
-from taskledger.events.store import RecordedEvent
+from taskledger.log import RecordedEvent
+from taskledger.projections.where import where
 
 NAME: Final = "jobs"
 SCHEMA_VERSION: Final = 1
@@ -63,8 +65,10 @@ def apply(
     return state
 
 
-_UPSERT = """
-INSERT INTO jobs (id, version, seq, created_seq, state, project, node, worker, cancel_requested,
+def _upsert(table: str) -> str:
+    """The upsert of job rows into `table` (the live table, or a rebuild's shadow of it)."""
+    return f"""
+INSERT INTO {table} (id, version, seq, created_seq, state, project, node, worker, cancel_requested,
                   created_at, body)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb)
 ON CONFLICT (id) DO UPDATE SET
@@ -72,6 +76,9 @@ ON CONFLICT (id) DO UPDATE SET
     project = EXCLUDED.project, node = EXCLUDED.node, worker = EXCLUDED.worker,
     cancel_requested = EXCLUDED.cancel_requested, body = EXCLUDED.body
 """
+
+
+_UPSERT: Final = _upsert("jobs")
 
 _CHECKPOINT = """
 INSERT INTO projection_checkpoints (name, version, seq, updated_at) VALUES ($1, $2, $3, now())
@@ -101,27 +108,55 @@ async def save(uow: Writer, state: job_state.JobState) -> None:
 
 async def replay(conn: Reader, job_id: str, *, to_seq: int | None = None) -> job_state.JobState | None:
     """The job folded from the log (up to `to_seq`), with its position stamped."""
-    args: list[Any] = [stream_of(job_id)]
-    extra = ""
-    if to_seq is not None:
-        args.append(to_seq)
-        extra = " AND seq <= $2"
-    rows = await conn.fetch(
-        "SELECT seq, stream_seq, type, data::text AS data FROM events "
-        f"WHERE stream = $1{extra} ORDER BY stream_seq",
-        *args,
-    )
+    rows = await store.stream_events(conn, stream_of(job_id), to_seq=to_seq)
     state: job_state.JobState | None = None
     for r in rows:
-        state = job_state.evolve(state, job_events.decode(r["type"], r["data"]))
+        state = job_state.evolve(state, job_events.decode(r.type, r.data))
     if state is not None and rows:
         state = msgspec.structs.replace(
             state,
-            version=rows[-1]["stream_seq"],
-            seq=rows[-1]["seq"],
-            created_seq=rows[0]["seq"],
+            version=rows[-1].stream_seq,
+            seq=rows[-1].seq,
+            created_seq=rows[0].seq,
         )
     return state
+
+
+# --------------------------------------------------------------------------- reads for the routes
+
+
+class Query(Protocol):
+    async def fetch(self, sql: str, *args: Any) -> Any: ...
+    async def fetchval(self, sql: str, *args: Any) -> Any: ...
+
+
+class JobListRow(NamedTuple):
+    state: job_state.JobState
+    created_seq: int
+    lease_expires_at: datetime | None
+    now: datetime  # the statement's time, to judge the lease by
+
+
+async def exists(conn: Query, job_id: str) -> bool:
+    return bool(await conn.fetchval("SELECT 1 FROM jobs WHERE id = $1", job_id))
+
+
+async def list_page(conn: Query, *, after_created_seq: int, state: str | None, project: str | None,
+                    limit: int) -> list[JobListRow]:
+    """Up to `limit` jobs created after `after_created_seq`, in creation order, with their lease."""
+    args: list[Any] = []
+    cond = where([("j.created_seq >", after_created_seq), ("j.state =", state), ("j.project =", project)], args)
+    rows = await conn.fetch(
+        "SELECT j.body::text AS body, j.created_seq, l.expires_at, statement_timestamp() AS now FROM jobs j "
+        "LEFT JOIN job_leases l ON l.job_id = j.id "
+        f"{cond} ORDER BY created_seq LIMIT {int(limit)}",
+        *args,
+    )
+    return [JobListRow(decode_state(r["body"]), r["created_seq"], r["expires_at"], r["now"]) for r in rows]
+
+
+async def count_by_state(conn: Query) -> dict[str, int]:
+    return {r["state"]: int(r["n"]) for r in await conn.fetch("SELECT state, count(*) AS n FROM jobs GROUP BY state")}
 
 
 # --------------------------------------------------------------------------- rebuild and check
@@ -133,7 +168,7 @@ async def save_rows(conn: Any, states: Sequence[job_state.JobState], *, table: s
     if not states:
         return
     await conn.executemany(
-        _UPSERT.replace("INSERT INTO jobs ", f"INSERT INTO {table} ", 1),
+        _UPSERT if table == "jobs" else _upsert(table),
         [(s.job_id, s.version, s.seq, s.created_seq, s.state, s.project, s.node, s.worker,
           s.cancel_requested, datetime.fromtimestamp(s.created_at, UTC), _encoder.encode(s).decode())
          for s in states],

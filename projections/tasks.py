@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 import asyncpg
 import msgspec
 
-from taskledger.events import store
-from taskledger.events.store import RecordedEvent
+from taskledger import log as store
 from taskledger.events.task import events as task_events
 from taskledger.events.task.events import CheckerReport, TaskBlocked, TaskCancelled, TaskEvent, TaskUnblocked, Unmet
 from taskledger.events.task.rules import escalate_at
 from taskledger.events.task.state import TaskState, evolve, evolve_owned
+from taskledger.log import RecordedEvent
+from taskledger.projections.where import where
 
 NAME = "tasks"
 VERSION = 1
@@ -206,6 +207,95 @@ def visible_to(s: TaskState, viewer: str | None) -> TaskState:
     if viewer is None or s.lease_id is None or (s.token_id is not None and s.token_id == viewer):
         return s
     return msgspec.structs.replace(s, lease_id=None)
+
+
+# ---------------------------------------------------------------- reads for the routes
+#
+# What the HTTP routes ask of the tasks and blockers views, answered here so the
+# view tables are named by this module alone.
+
+Conn = asyncpg.Connection | asyncpg.Pool
+
+
+class TaskFilter(msgspec.Struct, frozen=True, kw_only=True):
+    """The list filters a client may combine (each None = any)."""
+
+    state: str | None = None
+    project: str | None = None
+    parent_task_id: str | None = None
+    task_type: str | None = None
+    assignee: str | None = None
+    worker: str | None = None
+    node: str | None = None
+    label: str | None = None
+    escalated: bool | None = None
+
+
+_FILTER_SQL: Final = (
+    ("state", "t.state ="), ("project", "t.project ="), ("parent_task_id", "t.parent_task_id ="),
+    ("task_type", "t.task_type ="), ("assignee", "t.assignee ="), ("worker", "t.body->>'worker' ="),
+    ("node", "t.body->>'node' ="), ("label", "t.body->'labels' ?"), ("escalated", "(t.body->>'escalated')::boolean ="),
+)
+
+
+class TaskRow(NamedTuple):
+    id: str
+    seq: int
+    body: str
+
+
+async def created_seq_of(conn: Conn, task_id: str) -> int | None:
+    """The seq of the task's `task.created`: the position list pages continue after."""
+    found = await conn.fetchval("SELECT created_seq FROM tasks WHERE id = $1", task_id)
+    return None if found is None else int(found)
+
+
+async def project_of(conn: Conn, task_id: str) -> str | None:
+    project: str | None = await conn.fetchval("SELECT project FROM tasks WHERE id = $1", task_id)
+    return project
+
+
+async def list_views(conn: Conn, flt: TaskFilter, *, viewer: str | None, after_created_seq: int | None,
+                     limit: int) -> list[str]:
+    """Up to `limit` task views (JSON, as `view_sql` lays them out for `viewer`) matching
+    `flt`, in creation order, created after `after_created_seq`."""
+    args: list[Any] = []
+    cond = where([(sql, getattr(flt, field)) for field, sql in _FILTER_SQL] + [("t.created_seq >", after_created_seq)],
+                 args)
+    args.append(viewer)
+    rows = await conn.fetch(f"{view_sql(len(args))} {cond} ORDER BY t.created_seq LIMIT {int(limit)}", *args)
+    return [r["body"] for r in rows]
+
+
+async def rows_created_by(conn: Conn, as_of_seq: int, *, after_created_seq: int, limit: int) -> list[TaskRow]:
+    """Up to `limit` task rows created after `after_created_seq` and by `as_of_seq`, in
+    creation order; a row whose `seq` is past `as_of_seq` has changed since."""
+    rows = await conn.fetch(
+        "SELECT id, seq, body::text AS body FROM tasks WHERE created_seq > $1 AND created_seq <= $2 "
+        f"ORDER BY created_seq LIMIT {int(limit)}", after_created_seq, as_of_seq)
+    return [TaskRow(r["id"], r["seq"], r["body"]) for r in rows]
+
+
+async def list_blockers(conn: Conn, *, open: bool | None, project: str | None, task_id: str | None,
+                        limit: int) -> list[str]:
+    """Up to `limit` blocker records (JSON) matching the filters, oldest first."""
+    args: list[Any] = []
+    cond = where([("open =", open), ("project =", project), ("task_id =", task_id)], args)
+    rows = await conn.fetch(
+        f"SELECT body::text AS body FROM blockers {cond} ORDER BY opened_seq LIMIT {int(limit)}", *args)
+    return [r["body"] for r in rows]
+
+
+async def blockers_open_at(conn: Conn, as_of_seq: int, *, limit: int = 1000) -> list[Blocker]:
+    """The blockers open after `as_of_seq` (as their rows stand now), oldest first."""
+    rows = await conn.fetch(
+        "SELECT body::text AS body FROM blockers WHERE opened_seq <= $1 "
+        f"AND (resolved_seq IS NULL OR resolved_seq > $1) ORDER BY opened_seq LIMIT {int(limit)}", as_of_seq)
+    return [_dec_blocker.decode(r["body"]) for r in rows]
+
+
+async def count_by_state(conn: Conn) -> dict[str, int]:
+    return {r["state"]: int(r["n"]) for r in await conn.fetch("SELECT state, count(*) AS n FROM tasks GROUP BY state")}
 
 
 # ---------------------------------------------------------------- folding the log
@@ -416,9 +506,7 @@ class TaskFold:
                 s = _dec_state.decode(r["body"])
                 self.states[s.id] = s
             return
-        from taskledger.projections.framework import read_stream_before
-
-        events = await read_stream_before(conn, [f"task:{i}" for i in ids], before_seq)
+        events = await store.read_stream_before(conn, [f"task:{i}" for i in ids], before_seq)
         fold_page(self.states, None, events)
 
 

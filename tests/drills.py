@@ -23,7 +23,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from taskledger.events import audit
+from taskledger.log import audit
 from taskledger.service.ops.embedded import start_embedded
 from taskledger.service.ops.migrate import migrate
 from tests.conftest import ADMIN_TOKEN, ServerProcess

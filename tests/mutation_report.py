@@ -35,14 +35,14 @@ def main() -> int:
         if status not in KILLED:
             survivors.append(f"{m['name']}: {status}")
     total_k = total = 0
-    print(f"{'module':<28} {'killed':>7} {'of':>5} {'score':>7}")
+    print(f"{'module':<34} {'killed':>7} {'of':>5} {'score':>7}")
     for module in sorted(per):
         c = per[module]
         k, n = sum(c[s] for s in KILLED), sum(c.values())
         total_k, total = total_k + k, total + n
-        print(f"{module:<28} {k:>7} {n:>5} {100 * k / n:>6.1f}%")
+        print(f"{module:<34} {k:>7} {n:>5} {100 * k / n:>6.1f}%")
     if total:
-        print(f"{'all':<28} {total_k:>7} {total:>5} {100 * total_k / total:>6.1f}%")
+        print(f"{'all':<34} {total_k:>7} {total:>5} {100 * total_k / total:>6.1f}%")
     print(f"\nsurvivors ({len(survivors)}); `mutmut show NAME` prints the diff:")
     for s in survivors:
         print("  " + s)

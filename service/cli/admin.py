@@ -1,4 +1,4 @@
-"""Operator and auditor commands: rebuild, check, replay, audit export / verify."""
+"""Operator and auditor commands: rebuild, check, replay, audit export / verify / checkpoint."""
 
 from __future__ import annotations
 
@@ -7,18 +7,17 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
-import httpx
 import msgspec
 
-from taskledger.service.cli.main import _database_url, add_client_flags, add_db_flags
+from taskledger.service.cli.common import add_client_flags, add_db_flags, client, database_url
+from taskledger.service.cli.common import console as _console
 
 
 def _connect_url(args: argparse.Namespace) -> tuple[str, Any]:
-    url, handle = _database_url(args)
+    url, handle = database_url(args)
     return url, handle
 
 
@@ -27,12 +26,6 @@ def _wants_database(args: argparse.Namespace) -> bool:
     if args.database_url or args.data_dir or os.environ.get("TASKLEDGER_DATABASE_URL"):
         return True
     return not args.token
-
-
-def _console(stderr: bool = False) -> Any:
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
 # ------------------------------------------------------------------ rebuild
@@ -48,12 +41,12 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         TimeRemainingColumn,
     )
 
-    from taskledger.projections import framework
+    from taskledger.projections import catalog, framework
 
     try:
-        chosen = framework.select(args.projection)
+        chosen = catalog.select(args.projection)
     except KeyError as e:
-        print(f"unknown projection {e.args[0]}; known: {', '.join(framework.registered())}", file=sys.stderr)
+        print(f"unknown projection {e.args[0]}; known: {', '.join(catalog.names())}", file=sys.stderr)
         return 2
     url, handle = _connect_url(args)
     console = _console(stderr=True)
@@ -100,13 +93,13 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from taskledger.events import audit
-    from taskledger.projections import framework
+    from taskledger.log import audit
+    from taskledger.projections import catalog, framework
 
     try:
-        chosen = framework.select(args.projection)
+        chosen = catalog.select(args.projection)
     except KeyError as e:
-        print(f"unknown projection {e.args[0]}; known: {', '.join(framework.registered())}", file=sys.stderr)
+        print(f"unknown projection {e.args[0]}; known: {', '.join(catalog.names())}", file=sys.stderr)
         return 2
     url, handle = _connect_url(args)
 
@@ -156,25 +149,26 @@ def _verdicts(s: Any) -> str:
     return " ".join(f"{v.checker}:{v.outcome}" for v in s.verdicts) or "-"
 
 
-async def _history_http(args: argparse.Namespace) -> list[dict[str, Any]]:
+def _history_http(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from taskledger.client import TaskledgerError
+
     events: list[dict[str, Any]] = []
-    async with httpx.AsyncClient(base_url=args.url, headers={"Authorization": f"Bearer {args.token}"},
-                                 timeout=30) as c:
+    with client(args) as c:
         since = 0
         while True:
-            r = await c.get(f"/tasks/{args.task}/events", params={"since_seq": since, "limit": 1000})
-            if r.status_code != 200:
-                raise SystemExit(f"GET /tasks/{args.task}/events -> {r.status_code} {r.text[:300]}")
-            page = r.json()["events"]
-            events += page
+            try:
+                page = c.task_events(args.task, since_seq=since, limit=1000).events
+            except TaskledgerError as e:
+                raise SystemExit(f"GET /tasks/{args.task}/events -> {e}") from e
+            events += [msgspec.to_builtins(ev) for ev in page]
             if len(page) < 1000:
                 break
-            since = page[-1]["stream_seq"]
+            since = page[-1].stream_seq
     return events
 
 
 async def _history_db(url: str, task_id: str) -> list[dict[str, Any]]:
-    from taskledger.events import store
+    from taskledger import log as store
 
     conn = await asyncpg.connect(url)
     try:
@@ -199,7 +193,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         url, handle = _connect_url(args)
         events = asyncio.run(_history_db(url, args.task))
     else:
-        events = asyncio.run(_history_http(args))
+        events = _history_http(args)
     if args.as_of_seq is not None:
         events = [e for e in events if e["seq"] <= args.as_of_seq]
     if not events:
@@ -239,7 +233,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_export(args: argparse.Namespace) -> int:
-    from taskledger.events import audit
+    from taskledger.log import audit
 
     url, handle = _connect_url(args)
 
@@ -266,8 +260,9 @@ def cmd_audit_export(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_checkpoint(args: argparse.Namespace) -> int:
+    from taskledger import log as store
     from taskledger.events import audit
-    from taskledger.events.store import EVENT_ROW_SQL, LogTx, event_json
+    from taskledger.log import audit as stored_audit
     from taskledger.service.ops.audit_key import load_or_create
     from taskledger.service.settings import Settings
 
@@ -278,12 +273,13 @@ def cmd_audit_checkpoint(args: argparse.Namespace) -> int:
         conn = await asyncpg.connect(url)
         try:
             async with conn.transaction():
-                log = await LogTx.begin(conn)
-                ev = await audit.append_checkpoint(log, key)
+                log = await store.LogTx.begin(conn)
+                ev = await stored_audit.append_checkpoint(log, key)
                 await log.finish()
             assert ev is not None
-            row = await conn.fetchrow(f"SELECT {EVENT_ROW_SQL} FROM events WHERE seq = $1", ev.seq)
-            return audit.compact(event_json(row))
+            text = await store.event_json_at(conn, ev.seq)
+            assert text is not None
+            return audit.compact(text)
         finally:
             await conn.close()
 
@@ -339,98 +335,6 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     return 1
 
 
-# ------------------------------------------------------------------ migrate --app-role
-
-
-def grant_app_role(url: str, role: str, password: str | None) -> int:
-    from taskledger.service.ops import migrate
-
-    async def go() -> list[str]:
-        conn = await asyncpg.connect(url)
-        try:
-            return await migrate.grant_app_role(conn, role, password)
-        finally:
-            await conn.close()
-
-    try:
-        asyncio.run(go())
-    except ValueError as e:
-        print(str(e), file=sys.stderr)
-        return 2
-    except asyncpg.InsufficientPrivilegeError as e:
-        print(f"creating the app role needs the right to create roles and grant on every table: {e}",
-              file=sys.stderr)
-        return 1
-    print(f"app role {role}: SELECT and INSERT on events; serve with a database URL that connects as {role}")
-    return 0
-
-
-# ------------------------------------------------------------------ tokens
-
-
-def cmd_token_list(args: argparse.Namespace) -> int:
-    from taskledger.service.http.auth import list_tokens
-
-    url, handle = _connect_url(args)
-
-    async def go() -> list[Any]:
-        conn = await asyncpg.connect(url)
-        try:
-            return await list_tokens(conn)
-        finally:
-            await conn.close()
-
-    tokens = asyncio.run(go())
-    if args.json:
-        for t in tokens:
-            print(msgspec.json.encode(t).decode())
-    else:
-        from rich.table import Table
-
-        table = Table()
-        for col in ("id", "name", "role", "node", "created", "expires", "revoked"):
-            table.add_column(col)
-        for t in tokens:
-            table.add_row(t.id, t.name, t.role, t.node or "-", f"{t.created_at:%Y-%m-%d %H:%M:%S}",
-                          f"{t.expires_at:%Y-%m-%d %H:%M:%S}" if t.expires_at else "-",
-                          f"{t.revoked_at:%Y-%m-%d %H:%M:%S}" if t.revoked_at else "-")
-        _console().print(table)
-    del handle
-    return 0
-
-
-def cmd_token_revoke(args: argparse.Namespace) -> int:
-    from taskledger.service.http.auth import revoke_token
-
-    url, handle = _connect_url(args)
-
-    async def go() -> Any:
-        conn = await asyncpg.connect(url)
-        try:
-            return await revoke_token(conn, args.id)
-        finally:
-            await conn.close()
-
-    info = asyncio.run(go())
-    del handle
-    if info is None:
-        print(f"token {args.id} does not exist", file=sys.stderr)
-        return 1
-    print(f"revoked token {info.id} ({info.name}, {info.role}) at {info.revoked_at:%Y-%m-%d %H:%M:%S%z}")
-    return 0
-
-
-def register_token_commands(tsub: Any) -> None:
-    p = tsub.add_parser("list", help="list tokens: id, name, role, node, created, expires, revoked (no secrets)")
-    p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
-    add_db_flags(p)
-    p.set_defaults(func=cmd_token_list)
-    p = tsub.add_parser("revoke", help="revoke a token by id; every replica refuses it within a second")
-    p.add_argument("id", type=int)
-    add_db_flags(p)
-    p.set_defaults(func=cmd_token_revoke)
-
-
 def register(sub: Any) -> None:
     p = sub.add_parser("rebuild", help="rebuild projections from the log and swap them in, without downtime")
     p.add_argument("--projection", action="append", help="a projection name (repeatable; default: all)")
@@ -473,8 +377,3 @@ def register(sub: Any) -> None:
     add_db_flags(c)
     c.set_defaults(func=cmd_audit_checkpoint)
 
-
-def main(argv: Sequence[str]) -> int:  # pragma: no cover - convenience for python -m
-    from taskledger.service.cli.main import main as cli_main
-
-    return cli_main(argv)

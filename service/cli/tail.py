@@ -3,91 +3,40 @@
 It resumes by itself: every reconnect sends the last id it printed as
 `Last-Event-ID`, so nothing is printed twice and nothing is skipped. Without
 `--since-seq` it starts "from now", pinned to the head it finds first, so even a
-reconnect before the first event loses nothing.
+reconnect before the first event loses nothing. Each event is printed as the
+service sent it (`AsyncClient.follow_json`), not decoded and encoded again.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
-import httpx
-from httpx_sse import connect_sse
-
-from taskledger.service.cli.main import add_client_flags
-
-_RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+from taskledger.client import TaskledgerError, TransportError
+from taskledger.service.cli.common import add_client_flags, client
 
 
-class _Fatal(Exception):
-    pass
-
-
-def _head(http: httpx.Client) -> int:
-    r = http.get("/events", params={"limit": 1})
-    _check(r)
-    return int(r.json()["head_seq"])
-
-
-def _check(r: httpx.Response) -> None:
-    if r.status_code < 400:
-        return
-    try:
-        r.read()
-        detail = r.json().get("detail", r.text)
-    except Exception:
-        detail = r.text
-    if r.status_code in _RETRYABLE_STATUS:
-        raise httpx.TransportError(f"{r.status_code}: {detail}")
-    raise _Fatal(f"{r.status_code}: {detail}")
+def _disconnected(e: TaskledgerError) -> None:
+    print(f"taskledger tail: disconnected ({e}); reconnecting", file=sys.stderr, flush=True)
 
 
 def tail(args: argparse.Namespace, out: Any = None) -> int:
     out = out or sys.stdout
-    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
-    params: dict[str, str] = {}
-    if args.types:
-        params["types"] = args.types
-    if args.stream:
-        params["stream"] = args.stream
-    if args.project:
-        params["project"] = args.project
-    last: int | None = args.since_seq
-    failures = 0
-    retry = 2.0  # the server's `retry:` (seconds); doubled per failed attempt in a row
-    timeout = httpx.Timeout(10.0, read=max(60.0, 4 * args.keepalive))
-    with httpx.Client(base_url=args.url.rstrip("/"), headers=headers, timeout=timeout) as http:
-        while True:
-            try:
-                if last is None:
-                    last = _head(http)
-                with connect_sse(http, "GET", "/stream", params=params,
-                                 headers={"Last-Event-ID": str(last)}) as es:
-                    _check(es.response)
-                    failures = 0
-                    for ev in es.iter_sse():
-                        if ev.retry is not None:
-                            retry = ev.retry / 1000
-                        if not ev.id or not ev.data:
-                            continue
-                        out.write(ev.data + "\n")
-                        out.flush()
-                        last = int(ev.id)
-                if args.once:
-                    return 0
-            except _Fatal as e:
-                print(f"taskledger tail: {e}", file=sys.stderr)
-                return 2
-            except (httpx.HTTPError, OSError) as e:
-                if args.once:
-                    print(f"taskledger tail: {e}", file=sys.stderr)
-                    return 1
-                print(f"taskledger tail: disconnected ({e}); reconnecting", file=sys.stderr, flush=True)
-            # The stream ended (the server is shutting down) or broke: wait, then resume.
-            time.sleep(min(retry * 2**failures, 30.0))
-            failures += 1
+    types = [args.types] if args.types else None  # the comma list goes to the service as given
+    with client(args) as c:
+        try:
+            for data in c.follow_json(args.since_seq, types=types, stream=args.stream, project=args.project,
+                                      reconnect=not args.once, read_timeout=max(60.0, 4 * args.keepalive),
+                                      on_retry=_disconnected):
+                out.write(data + "\n")
+                out.flush()
+        except TaskledgerError as e:
+            print(f"taskledger tail: {e}", file=sys.stderr)
+            # A refusal is 2; under --once, a connection that broke or was turned away for now is 1.
+            for_now = isinstance(e, TransportError) or e.status == 429 or e.status in c.retry.statuses
+            return 1 if for_now else 2
+    return 0
 
 
 def cmd_tail(args: argparse.Namespace) -> int:

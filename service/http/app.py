@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
+import functools
 import logging
 import re
+import resource
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,13 +20,23 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from taskledger.service.background import cancel_all
-from taskledger.service.http import openapi_docs
-from taskledger.service.http.auth import PUBLIC_PATHS, AuthMiddleware, TokenStore
-from taskledger.service.http.metrics import Metrics
+from taskledger.service.http import openapi_docs, server_signals
+from taskledger.service.http.auth import PUBLIC_PATHS, AuthMiddleware
+from taskledger.service.http.deps import Services, dependencies
+from taskledger.service.http.live import Hub
 from taskledger.service.http.problems import exception_handlers
+from taskledger.service.http.routes import admin, dashboard, jobs, streams, system, task_batches, tasks, webhooks
+from taskledger.service.http.sessions import Sessions, deployment_secret
 from taskledger.service.http.telemetry import Tracing, request_middleware
+from taskledger.service.metrics import Metrics
+from taskledger.service.ops import sweepers
+from taskledger.service.ops.audit_key import load_or_create
 from taskledger.service.ops.migrate import migrate
+from taskledger.service.ops.webhooks import Deliverer
 from taskledger.service.settings import Settings
+from taskledger.service.tokens import TokenStore
+from taskledger.service.writer import tasks as task_commands
+from taskledger.service.writer.commands import CommandRunner
 from taskledger.service.writer.engine import Writer
 
 log = logging.getLogger("taskledger")
@@ -39,31 +50,8 @@ MAX_JSON_DEPTH = 64
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"\\')
 
 
-# Resource modules: each has ROUTES, and may have startup(app) / shutdown(app).
-_MODULES: Sequence[str] = (
-    "taskledger.service.http.routes.system",
-    "taskledger.service.http.routes.tasks",
-    "taskledger.service.http.routes.task_batches",
-    "taskledger.service.http.routes.jobs",
-    "taskledger.service.http.routes.streams",
-    "taskledger.service.http.routes.admin",
-    "taskledger.service.http.routes.dashboard",
-    "taskledger.service.http.routes.webhooks",
-)
-
-
-def _modules() -> list[Any]:
-    return [importlib.import_module(name) for name in _MODULES]
-
-
-def _flatten(handlers: list[Any]) -> list[Any]:
-    out: list[Any] = []
-    for h in handlers:
-        if isinstance(h, list | tuple):
-            out.extend(h)
-        else:
-            out.append(h)
-    return out
+# Resource modules, each with its ROUTES; what they use comes by injection (deps).
+_ROUTE_MODULES: Sequence[Any] = (system, tasks, task_batches, jobs, streams, admin, dashboard, webhooks)
 
 
 def json_depth(body: bytes) -> int:
@@ -122,74 +110,86 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = (), tracer
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        state = app.state
+        s = services
         if settings.migrate_on_start:
             conn = await asyncpg.connect(dsn)
             try:
                 await migrate(conn)
             finally:
                 await conn.close()
-        state.pool = await asyncpg.create_pool(
-            dsn, min_size=settings.pool_min, max_size=settings.pool_max
-        )
+        s.pool = await asyncpg.create_pool(dsn, min_size=settings.pool_min, max_size=settings.pool_max)
         if tracing is not None:
             tracing.start()
-        state.tokens = TokenStore(state.pool, settings.admin_token)
-        listeners: list[Callable[[int], None]] = []
-        state.commit_listeners = listeners
+        s.tokens = TokenStore(s.pool, settings.admin_token)
+        listeners = s.commit_listeners
 
         def on_commit(head: int) -> None:
             for fn in listeners:
                 fn(head)
 
-        state.writer = Writer(dsn, batch_max=settings.batch_max, queue_max=settings.writer_queue_max,
-                              metrics=state.metrics, on_commit=on_commit)
-        await state.writer.start()
-        state.metrics.gauge("writer_queue_depth", lambda: state.writer.queue_depth)
-        background: list[asyncio.Task[Any]] = [
-            asyncio.create_task(state.tokens.run(), name="taskledger-token-revalidation")]
-        state.background = background
-        for hook in [*(getattr(m, "startup", None) for m in modules), *extra_startup]:
-            if hook is None:
-                continue
+        s.writer = Writer(dsn, batch_max=settings.batch_max, queue_max=settings.writer_queue_max,
+                          metrics=metrics, on_commit=on_commit)
+        s.writer.prefetchers["tasks"] = task_commands.prefetch_tasks
+        await s.writer.start()
+        s.command_runner = CommandRunner(s.writer, idempotency_ttl_seconds=settings.idempotency_ttl_seconds)
+        metrics.gauge("writer_queue_depth", lambda: s.writer.queue_depth)
+        s.background.append(asyncio.create_task(s.tokens.run(), name="taskledger-token-revalidation"))
+
+        def drain() -> None:
+            s.draining = True
+
+        server_signals.on_drain(drain)
+        s.audit_key = load_or_create(settings)
+        s.background.extend(sweepers.start(s.pool, s.writer, settings, s.audit_key, listeners))
+        s.hub = Hub(dsn, s.pool, poll_seconds=settings.sse_poll_seconds, queue_max=settings.sse_queue_max,
+                    max_streams=settings.max_streams, metrics=metrics)
+        await s.hub.start()
+        s.hub.register_metrics(metrics)
+        metrics.gauge("process_open_files_limit", lambda: resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        listeners.append(s.hub.notify)
+        server_signals.on_shutdown(s.hub.end_streams)
+        s.sessions = Sessions(s.pool, await deployment_secret(s.pool), ttl=settings.stream_token_ttl_seconds,
+                              admin_token=settings.admin_token)
+        s.authenticators.append(functools.partial(dashboard.cookie_authenticator, s.sessions))
+        # this replica's webhook delivery, woken by its own commits
+        s.webhooks = Deliverer(dsn, s.pool, settings)
+        listeners.append(s.webhooks.wake)
+        s.webhooks.start()
+        for hook in extra_startup:
             res = hook(app)
             if asyncio.iscoroutine(res):
                 await res
         try:
             yield
         finally:
-            for fn in reversed([getattr(m, "shutdown", None) for m in modules]):
-                if fn is None:
-                    continue
-                res = fn(app)
-                if asyncio.iscoroutine(res):
-                    await res
-            await cancel_all(background)
-            await state.writer.stop()
+            await s.webhooks.stop()
+            await s.hub.stop()
+            await cancel_all(s.background)
+            await s.writer.stop()
             try:
                 # graceful: waits for every acquired connection to come back; a
                 # task cancelled inside acquire() can leave one out for good
-                await asyncio.wait_for(state.pool.close(), 5)
+                await asyncio.wait_for(s.pool.close(), 5)
             except TimeoutError:
                 log.warning("the connection pool did not close in 5 s; terminating it")
-                state.pool.terminate()
+                s.pool.terminate()
             if tracing is not None:
                 tracing.stop()
 
     metrics = Metrics(cache_seconds=settings.metrics_cache_seconds)
     tracing = Tracing(tracer_provider) if settings.otel or tracer_provider is not None else None
-    modules = _modules()
-    state = State({"settings": settings, "metrics": metrics, "extra_authenticators": []})
-    handlers = _flatten([m.ROUTES for m in modules])
+    services = Services(settings, metrics)
     app = Litestar(
-        route_handlers=handlers,
+        route_handlers=[h for m in _ROUTE_MODULES for h in m.ROUTES],
         lifespan=[lifespan],
-        state=state,
+        state=State({"services": services}),
+        dependencies=dependencies(services),
         exception_handlers=exception_handlers,
         before_request=_reject_bad_input,
         middleware=[
             request_middleware(metrics),
-            DefineMiddleware(AuthMiddleware, exclude=[f"^{p}" for p in PUBLIC_PATHS] + ["^/$", "^/static/", "^/ui/"]),
+            DefineMiddleware(AuthMiddleware, exclude=[f"^{p}" for p in PUBLIC_PATHS] + ["^/$", "^/static/", "^/ui/"],
+                             tokens=lambda: services.tokens, authenticators=services.authenticators),
         ],
         request_max_body_size=settings.max_body_bytes,
         plugins=[] if tracing is None else [tracing.plugin],

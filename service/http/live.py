@@ -58,9 +58,9 @@ from typing import Any, Final, Literal, Protocol
 
 import asyncpg
 
-from taskledger.events.store import EVENT_ROW_SQL, NOTIFY_CHANNEL, event_json, type_filter_sql
+from taskledger import log as store
 from taskledger.service.background import cancel_all
-from taskledger.service.http.metrics import Metrics
+from taskledger.service.metrics import Metrics
 
 log = logging.getLogger("taskledger.live")
 
@@ -82,15 +82,15 @@ def frame(seq_or_stream_seq: int, type_: str, data: str) -> str:
         data = "\r\ndata: ".join(data.splitlines())
     return f"id: {seq_or_stream_seq}\r\nevent: {type_}\r\ndata: {data}\r\n\r\n"
 
-_TAIL_SQL = f"""SELECT {EVENT_ROW_SQL} FROM events WHERE seq > $1 ORDER BY seq LIMIT $2"""
-
-
 class Stoppable(Protocol):
     async def wait(self) -> Any: ...
 
 
 class Filter:
-    """The contract's feed filters: `types` (exact, or prefix when ending in '.'), stream, project."""
+    """The contract's feed filters: `types` (exact, or prefix when ending in '.'), stream, project.
+
+    `matches` applies them to a live row; catch-up reads apply the same filters
+    in SQL (`taskledger.log.filters`)."""
 
     __slots__ = ("exact", "key", "prefixes", "project", "stream", "types")
 
@@ -116,22 +116,6 @@ class Filter:
             t = row[2]
             return t in self.exact or t.startswith(self.prefixes)
         return True
-
-    def sql(self, first_arg: int) -> tuple[str, list[Any]]:
-        """WHERE clauses (joined with AND, possibly empty) and their arguments."""
-        clauses: list[str] = []
-        args: list[Any] = []
-        if self.stream is not None:
-            args.append(self.stream)
-            clauses.append(f"stream = ${first_arg + len(args) - 1}")
-        if self.project is not None:
-            args.append(self.project)
-            clauses.append(f"meta->>'project' = ${first_arg + len(args) - 1}")
-        if self.types:
-            sql, targs = type_filter_sql(self.types, first_arg + len(args))
-            clauses.append(sql)
-            args.extend(targs)
-        return "".join(" AND " + c for c in clauses), args
 
 
 class Subscription:
@@ -187,8 +171,7 @@ class Hub:
     # -- lifecycle ---------------------------------------------------------
 
     async def start(self) -> None:
-        head = await self._pool.fetchval("SELECT seq FROM log_head WHERE id = 1")
-        self.cursor = self.known_head = int(head or 0)
+        self.cursor = self.known_head = (await store.head(self._pool)).seq
         self._task = asyncio.create_task(self._run(), name="taskledger-tailer")
 
     def end_streams(self) -> None:
@@ -309,7 +292,7 @@ class Hub:
                 )
                 self._conn = conn
                 conn.add_termination_listener(self._on_lost)
-                await conn.add_listener(NOTIFY_CHANNEL, self._on_notify)
+                await conn.add_listener(store.NOTIFY_CHANNEL, self._on_notify)
                 self.connected = True
                 backoff = 0.05
                 while not self._closed:
@@ -334,7 +317,7 @@ class Hub:
         while True:
             if not self._subs:
                 # Nobody to feed: move the cursor to the head without reading rows.
-                head = await conn.fetchval("SELECT seq FROM log_head WHERE id = 1")
+                head = (await store.head(conn)).seq
                 if not self._subs:  # still nobody (no await between check and move)
                     if head > self.cursor:
                         self.cursor = head
@@ -342,8 +325,8 @@ class Hub:
                     self.known_head = max(self.known_head, self.cursor)
                     return
             rows: list[Row] = []
-            for r in await conn.fetch(_TAIL_SQL, self.cursor, self._page):
-                j = event_json(r)
+            for r in await store.tail_rows(conn, self.cursor, self._page):
+                j = store.event_json(r)
                 rows.append((r[0], r[1], r[2], j, r[3], r[4], frame(r[0], r[2], j).encode()))
             if not rows:
                 self.known_head = max(self.known_head, self.cursor)
@@ -423,13 +406,9 @@ class Hub:
         sub.wake.set()
 
     async def _catchup(self, flt: Filter, after: int, upto: int) -> list[Row]:
-        where, args = flt.sql(4)
-        rows = await self._pool.fetch(
-            f"SELECT {EVENT_ROW_SQL} FROM events "
-            f"WHERE seq > $1 AND seq <= $2{where} ORDER BY seq LIMIT $3",
-            after, upto, self.catchup_page, *args,
-        )
-        return [(r[0], r[1], r[2], event_json(r), None, None, None) for r in rows]
+        rows = await store.feed_rows(self._pool, after, upto, self.catchup_page, types=flt.types,
+                                     stream=flt.stream, project=flt.project)
+        return [(r[0], r[1], r[2], store.event_json(r), None, None, None) for r in rows]
 
     async def follow(self, flt: Filter, pos: int, *, stop: Stoppable | None = None,
                      ) -> AsyncGenerator[list[Row], None]:

@@ -23,9 +23,9 @@ from typing import Any
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from taskledger.service.http.metrics import Metrics
 from taskledger.service.http.problems import status_of
 from taskledger.service.logs import CORRELATION_ID, REQUEST_ID, VALID_ID
+from taskledger.service.metrics import Metrics
 
 access_log = logging.getLogger("taskledger.access")
 

@@ -71,9 +71,9 @@ async def grant_app_role(conn: asyncpg.Connection, role: str, password: str | No
     """
     if not _ROLE_NAME.match(role):
         raise ValueError("the role name must match [a-z_][a-z0-9_]{0,62}")
-    from taskledger.projections import framework
+    from taskledger.projections import catalog
 
-    rebuilt = sorted({t.name for p in framework.select(None) for t in p.tables})
+    rebuilt = sorted({t.name for p in catalog.PROJECTIONS for t in p.tables})
     others = [r["tablename"] for r in await conn.fetch(
         "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY tablename")
         if r["tablename"] not in _LOG_TABLES and r["tablename"] not in rebuilt]

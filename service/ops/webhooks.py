@@ -35,7 +35,7 @@ import asyncpg
 import httpx
 import msgspec
 
-from taskledger.events import store
+from taskledger import log as store
 from taskledger.events.task.state import TaskState
 from taskledger.projections import tasks as task_views
 from taskledger.service.background import cancel_all

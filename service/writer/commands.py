@@ -13,8 +13,8 @@ from litestar import Request
 
 from taskledger.events.canonical import canonical_json
 from taskledger.events.errors import IdempotencyConflict, ValidationFailed
-from taskledger.service.http.auth import Principal
 from taskledger.service.logs import REQUEST_ID
+from taskledger.service.tokens import Principal
 from taskledger.service.writer.engine import Prefetch, UnitOfWork, Writer
 
 T = TypeVar("T")
@@ -75,57 +75,65 @@ class Stored(msgspec.Struct):
     body: msgspec.Raw
 
 
-async def run(
-    request: Request[Any, Any, Any],
-    ctx: Ctx,
-    fn: Callable[[UnitOfWork], Awaitable[T]],
-    *,
-    status: int = 200,
-    prefetch: Sequence[Prefetch] = (),
-) -> T | Stored:
-    """Submit `fn` to the writer; honour the Idempotency-Key header.
+class CommandRunner:
+    """The writer as a route handler uses it (the `command_runner` dependency)."""
 
-    The lookup and the record of the first answer run in the same batch
-    transaction as the command, so two retries racing each other (even on two
-    replicas) still get one execution and the same answer.
-    """
-    writer: Writer = request.app.state.writer
-    key = ctx.idempotency_key
-    if key is None:
-        return await writer.submit(fn, prefetch=prefetch)
-    body = await request.body()
-    try:
-        parsed = msgspec.json.decode(body) if body else None
-    except msgspec.DecodeError:
-        parsed = body.decode("utf-8", "replace")
-    request_hash = hashlib.sha256(
-        request.method.encode() + b" " + request.url.path.encode() + b" " + canonical_json(parsed)
-    ).hexdigest()
-    token = ctx.principal.token_hash
-    ttl = float(request.app.state.settings.idempotency_ttl_seconds)
+    def __init__(self, writer: Writer, *, idempotency_ttl_seconds: float) -> None:
+        self.writer = writer
+        self.idempotency_ttl_seconds = float(idempotency_ttl_seconds)
 
-    async def with_key(uow: UnitOfWork) -> T | Stored:
-        # A key older than the TTL is forgotten, whether or not the sweep has
-        # deleted its row yet: the request then runs as new.
-        row = await uow.fetchrow(
-            "SELECT request_hash, status, response::text AS response FROM idempotency_keys "
-            "WHERE token_hash = $1 AND key = $2 AND created_at > now() - make_interval(secs => $3)",
-            token, key, ttl,
-        )
-        if row is not None:
-            if row["request_hash"] != request_hash:
-                raise IdempotencyConflict(
-                    "this Idempotency-Key was used with a different request"
-                )
-            return Stored(status=row["status"], body=msgspec.Raw(row["response"].encode()))
-        result = await fn(uow)
-        await uow.execute(
-            "INSERT INTO idempotency_keys (token_hash, key, request_hash, status, response) "
-            "VALUES ($1, $2, $3, $4, $5::jsonb) ON CONFLICT (token_hash, key) DO UPDATE SET "
-            "request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response, "
-            "created_at = now()",
-            token, key, request_hash, status, msgspec.json.encode(result).decode(),
-        )
-        return result
+    async def run(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: Ctx,
+        fn: Callable[[UnitOfWork], Awaitable[T]],
+        *,
+        status: int = 200,
+        prefetch: Sequence[Prefetch] = (),
+    ) -> T | Stored:
+        """Submit `fn` to the writer; honour the Idempotency-Key header.
 
-    return await writer.submit(with_key, prefetch=prefetch)
+        The lookup and the record of the first answer run in the same batch
+        transaction as the command, so two retries racing each other (even on two
+        replicas) still get one execution and the same answer.
+        """
+        writer = self.writer
+        key = ctx.idempotency_key
+        if key is None:
+            return await writer.submit(fn, prefetch=prefetch)
+        body = await request.body()
+        try:
+            parsed = msgspec.json.decode(body) if body else None
+        except msgspec.DecodeError:
+            parsed = body.decode("utf-8", "replace")
+        request_hash = hashlib.sha256(
+            request.method.encode() + b" " + request.url.path.encode() + b" " + canonical_json(parsed)
+        ).hexdigest()
+        token = ctx.principal.token_hash
+        ttl = self.idempotency_ttl_seconds
+
+        async def with_key(uow: UnitOfWork) -> T | Stored:
+            # A key older than the TTL is forgotten, whether or not the sweep has
+            # deleted its row yet: the request then runs as new.
+            row = await uow.fetchrow(
+                "SELECT request_hash, status, response::text AS response FROM idempotency_keys "
+                "WHERE token_hash = $1 AND key = $2 AND created_at > now() - make_interval(secs => $3)",
+                token, key, ttl,
+            )
+            if row is not None:
+                if row["request_hash"] != request_hash:
+                    raise IdempotencyConflict(
+                        "this Idempotency-Key was used with a different request"
+                    )
+                return Stored(status=row["status"], body=msgspec.Raw(row["response"].encode()))
+            result = await fn(uow)
+            await uow.execute(
+                "INSERT INTO idempotency_keys (token_hash, key, request_hash, status, response) "
+                "VALUES ($1, $2, $3, $4, $5::jsonb) ON CONFLICT (token_hash, key) DO UPDATE SET "
+                "request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, response = EXCLUDED.response, "
+                "created_at = now()",
+                token, key, request_hash, status, msgspec.json.encode(result).decode(),
+            )
+            return result
+
+        return await writer.submit(with_key, prefetch=prefetch)

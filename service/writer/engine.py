@@ -7,7 +7,7 @@ handlers do not open write transactions themselves; they submit commands here.
 
 One writer task per process takes whatever commands are queued (up to
 `batch_max`), opens one transaction, takes the log's head lock once
-(`events.store.LogTx`), runs the commands one after another, writes the head
+(`taskledger.log.LogTx`), runs the commands one after another, writes the head
 and commits once. Commands that arrive while a batch commits form the next
 batch, so under load many commands share one fsync, and the global head lock is
 taken once per batch rather than once per event: that is what lets a gapless,
@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 import asyncpg
 
 from taskledger.events.errors import DomainError
-from taskledger.events.store import ANY, LogTx, NewEvent, RecordedEvent
-from taskledger.service.http.metrics import Metrics
+from taskledger.log import ANY, LogTx, NewEvent, RecordedEvent
+from taskledger.service.metrics import Metrics
 
 log = logging.getLogger("taskledger.writer")
 

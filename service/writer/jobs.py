@@ -16,20 +16,13 @@ from taskledger.events.errors import AlreadyExists, JobNotFound
 from taskledger.events.job import events as job_events
 from taskledger.events.job import rules as job_rules
 from taskledger.events.job import state as job_state
-from taskledger.events.store import NewEvent
+from taskledger.log import NewEvent
 from taskledger.projections import jobs as projection
-from taskledger.service.http.auth import Principal
 from taskledger.service.writer.commands import Ctx
 from taskledger.service.writer.engine import UnitOfWork
 
 View = dict[str, Any]
 JobCommand = Callable[[UnitOfWork], Awaitable[View]]
-
-SYSTEM_CTX = Ctx(
-    principal=Principal(name="taskledger-sweeper", role="system", node=None, token_hash=""),
-    request_id="sweeper",
-)
-
 
 def view(state: job_state.JobState, now: datetime, lease_expires_at: datetime | None = None) -> View:
     """The job's status (§4) plus the rest of the view and, while it runs, its lease."""
@@ -170,7 +163,7 @@ def cancel(ctx: Ctx, job_id: str) -> JobCommand:
     return fn
 
 
-def expire_lease(job_id: str, ctx: Ctx = SYSTEM_CTX) -> Callable[[UnitOfWork], Awaitable[View | None]]:
+def expire_lease(job_id: str, ctx: Ctx) -> Callable[[UnitOfWork], Awaitable[View | None]]:
     """Fail (or, if cancelling, cancel) a job whose lease ran out; re-checked here,
     in the writer's transaction, since a report may have renewed it meanwhile."""
 

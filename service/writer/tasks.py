@@ -27,7 +27,6 @@ from taskledger.events.errors import (
     ValidationFailed,
 )
 from taskledger.events.lease import Holder
-from taskledger.events.store import NewEvent
 from taskledger.events.task import events as codec
 from taskledger.events.task.events import TaskType, UnblockAction
 from taskledger.events.task.panel import Verdict, decide_complete, decide_unblock, decide_verifier_complete
@@ -52,6 +51,7 @@ from taskledger.events.task.rules import (
     validate_new_task,
 )
 from taskledger.events.task.state import TaskState
+from taskledger.log import NewEvent
 from taskledger.projections import tasks as views
 from taskledger.service.writer.commands import Ctx
 from taskledger.service.writer.engine import Batch, UnitOfWork
@@ -285,30 +285,25 @@ async def create_many(
     return out
 
 
-_CLAIM_SQL = """
-SELECT body::text AS body FROM tasks
-WHERE state = 'pending' AND NOT is_parent
-  AND task_type = ANY($1::text[])
-  AND ($2::text[] IS NULL OR project = ANY($2::text[]))
-  AND (assignee IS NULL OR assignee = $3)
-  AND NOT ($4 = ANY(node_blacklist))
-  AND (task_type <> 'verify'
-       OR (maker_worker IS DISTINCT FROM $3 AND maker_node IS DISTINCT FROM $4))
-ORDER BY priority DESC, created_seq
-LIMIT 16
-"""
-
-
 def _claim_sql(projects: Sequence[str] | None, *, select: str = "body::text AS body", limit: int = 16) -> str:
     """The claim query. With one project it says `project = ...` rather than
     `= ANY(...)`, so PostgreSQL walks `tasks_claimable_by_project` in claim order
     and stops at `limit`; `= ANY` would read every pending task of the project
     and sort them (seconds for a 40,000-task backlog, inside the writer)."""
-    sql = _CLAIM_SQL.replace("SELECT body::text AS body", f"SELECT {select}")
-    sql = sql.replace("LIMIT 16", f"LIMIT {int(limit)}")
-    if projects is not None and len(projects) == 1:
-        sql = sql.replace("project = ANY($2::text[])", "project = ($2::text[])[1]")
-    return sql
+    project = "project = ($2::text[])[1]" if projects is not None and len(projects) == 1 \
+        else "project = ANY($2::text[])"
+    return f"""
+SELECT {select} FROM tasks
+WHERE state = 'pending' AND NOT is_parent
+  AND task_type = ANY($1::text[])
+  AND ($2::text[] IS NULL OR {project})
+  AND (assignee IS NULL OR assignee = $3)
+  AND NOT ($4 = ANY(node_blacklist))
+  AND (task_type <> 'verify'
+       OR (maker_worker IS DISTINCT FROM $3 AND maker_node IS DISTINCT FROM $4))
+ORDER BY priority DESC, created_seq
+LIMIT {int(limit)}
+"""
 
 
 async def anything_to_claim(

@@ -35,11 +35,14 @@ from taskledger.client.errors import (
 )
 from taskledger.client.models import (
     Blocker,
+    Claimed,
     CreateTask,
     Delivery,
     Event,
     EventPage,
     Job,
+    JobCommand,
+    JobReport,
     Requirement,
     StreamPage,
     Subtask,
@@ -52,9 +55,10 @@ from taskledger.client.models import (
 from taskledger.client.sync import Client
 
 __all__ = [
-    "AsyncClient", "Blocker", "Call", "Client", "Conflict", "CreateTask", "Delivery", "Event", "EventPage",
-    "Forbidden", "IdempotencyConflict", "InvalidTransition", "Job", "JobAlreadyCancelled", "JobNotFound",
-    "LeaseMismatch", "NotFound", "PayloadTooLarge", "Requirement", "Retry", "ServerError", "StreamPage",
-    "Subtask", "Task", "TaskNotFound", "TaskPage", "TaskledgerError", "TooManyRequests", "TransportError",
-    "Unauthorized", "Unavailable", "ValidationError", "Verdict", "Verification", "VersionConflict", "Webhook",
+    "AsyncClient", "Blocker", "Call", "Claimed", "Client", "Conflict", "CreateTask", "Delivery", "Event",
+    "EventPage", "Forbidden", "IdempotencyConflict", "InvalidTransition", "Job", "JobAlreadyCancelled",
+    "JobCommand", "JobNotFound", "JobReport", "LeaseMismatch", "NotFound", "PayloadTooLarge", "Requirement",
+    "Retry", "ServerError", "StreamPage", "Subtask", "Task", "TaskNotFound", "TaskPage", "TaskledgerError",
+    "TooManyRequests", "TransportError", "Unauthorized", "Unavailable", "ValidationError", "Verdict",
+    "Verification", "VersionConflict", "Webhook",
 ]

@@ -12,6 +12,9 @@ from taskledger.client.models import (
     Cancel,
     Category,
     Claim,
+    ClaimBatch,
+    Claimed,
+    ClaimJob,
     Collect,
     Collected,
     Complete,
@@ -24,6 +27,7 @@ from taskledger.client.models import (
     Fail,
     Heartbeat,
     Job,
+    JobReport,
     Lease,
     Outcome,
     Reassign,
@@ -70,13 +74,28 @@ def task_events(task_id: str, *, since_seq: int = 0, limit: int = 1000) -> Call[
 
 
 def claim(*, task_types: list[TaskType] | None = None, projects: list[str] | None = None,
-          lease_seconds: int = 60) -> Call[Task | None]:
+          lease_seconds: int = 60, idempotent: bool = True) -> Call[Task | None]:
     """Claim the next task this worker may take (None when there is none). The
-    answer carries the `lease_id` every later report needs."""
+    answer carries the `lease_id` every later report needs.
+
+    `idempotent=False` sends no Idempotency-Key, for a loop that polls: a claim
+    that finds nothing then takes the service's read-only path instead of a
+    write batch, but a claim whose answer is lost leaves its task leased, unworked,
+    until the lease runs out."""
     body = Claim(projects=projects, lease_seconds=lease_seconds)
     if task_types is not None:
         body.task_types = list(task_types)
-    return Call("POST", "/tasks/claim", Task | None, body=body, empty_is_none=True)
+    return Call("POST", "/tasks/claim", Task | None, body=body, empty_is_none=True, idempotent=idempotent)
+
+
+def claim_batch(max: int, *, task_types: list[TaskType] | None = None, projects: list[str] | None = None,
+                lease_seconds: int = 60, idempotent: bool = True) -> Call[Claimed]:
+    """Claim up to `max` tasks in one call, each with a lease of its own (none when
+    there is nothing); `idempotent` as for `claim`."""
+    body = ClaimBatch(projects=projects, lease_seconds=lease_seconds, max=max)
+    if task_types is not None:
+        body.task_types = list(task_types)
+    return Call("POST", "/tasks/claim/batch", Claimed, body=body, idempotent=idempotent)
 
 
 def start(task_id: str, lease_id: str) -> Call[Task]:
@@ -177,6 +196,21 @@ def cancel_job(job_id: str) -> Call[Job]:
     return Call("POST", f"/jobs/{_p(job_id)}/cancel", Job)
 
 
+def claim_job(*, lease_seconds: int | None = None, projects: list[str] | None = None,
+              idempotent: bool = True) -> Call[Job | None]:
+    """The oldest pending job (of `projects`), now running under a lease the
+    caller holds (a runner: worker); None when there is none. `idempotent=False`:
+    no Idempotency-Key, so an empty poll records no answer (see `claim`)."""
+    return Call("POST", "/jobs/claim", Job | None, body=ClaimJob(lease_seconds=lease_seconds, projects=projects),
+                empty_is_none=True, idempotent=idempotent)
+
+
+def report_job(job_id: str, report: JobReport) -> Call[Job]:
+    """A runner's report on the job it holds; every report renews the lease. The
+    answer's `cancel_requested` tells the runner to stop."""
+    return Call("POST", f"/jobs/{_p(job_id)}/report", Job, body=report)
+
+
 def create_token(role: Literal["admin", "producer", "worker", "reviewer", "reader"], name: str, *,
                  node: str | None = None, expires_in_seconds: int | None = None) -> Call[TokenCreated]:
     """A new API token (admin); a worker token needs its node; it expires after `expires_in_seconds` if given."""
@@ -215,6 +249,7 @@ class Operations:
     list_tasks = Op(list_tasks)
     task_events = Op(task_events)
     claim = Op(claim)
+    claim_batch = Op(claim_batch)
     start = Op(start)
     heartbeat = Op(heartbeat)
     complete = Op(complete)
@@ -231,6 +266,8 @@ class Operations:
     get_job = Op(get_job)
     job_events = Op(job_events)
     cancel_job = Op(cancel_job)
+    claim_job = Op(claim_job)
+    report_job = Op(report_job)
     create_token = Op(create_token)
     create_webhook = Op(create_webhook)
     list_webhooks = Op(list_webhooks)

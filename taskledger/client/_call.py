@@ -41,6 +41,7 @@ class Call(Generic[T]):
     body: Any = None
     params: Mapping[str, Any] = field(default_factory=dict)
     empty_is_none: bool = False  # 204 (nothing to claim) answers None
+    idempotent: bool = True  # a write sends an Idempotency-Key (the same on each retry)
 
     def content(self) -> bytes | None:
         return None if self.body is None else _enc.encode(self.body)
@@ -59,6 +60,10 @@ class Call(Generic[T]):
 
     def is_write(self) -> bool:
         return self.method in _WRITES
+
+    def idempotency_key(self) -> str | None:
+        """A fresh key for a write that wants one, kept for all its retries."""
+        return new_idempotency_key() if self.idempotent and self.is_write() else None
 
     def decode(self, response: httpx.Response) -> T:
         if response.status_code >= 400:
@@ -85,6 +90,13 @@ class Retry:
     backoff: float = 0.2  # seconds before the first retry; doubles each time, with jitter
     max_backoff: float = 10.0
     max_retry_after: float = 60.0  # a longer Retry-After is capped to this
+    # 503 is the service saying "not now"; 502 and 504 are a proxy in front of it
+    # saying the same while a replica restarts. A write is safe to repeat: its
+    # Idempotency-Key makes the service answer the first answer.
+    statuses: frozenset[int] = frozenset({502, 503, 504})
+
+    def retryable(self, response: httpx.Response) -> bool:
+        return response.status_code in self.statuses
 
     def delay(self, attempt: int, retry_after: str | None = None) -> float:
         """Seconds to wait before attempt `attempt + 1` (attempt counts from 1)."""
@@ -112,10 +124,6 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
-def retryable(response: httpx.Response) -> bool:
-    return response.status_code == 503
-
-
 class Backoff:
     """Delays between reconnects of an endless stream: grows while attempts
     fail, starts over once an event arrives."""
@@ -136,29 +144,36 @@ class Backoff:
 
 
 @dataclass
-class FeedCursor:
-    """Where a follower is in the global feed, and what it asked for."""
+class Cursor:
+    """Where a follower is in a feed (the global one, cursor `seq`, or one task's
+    or job's stream, cursor `stream_seq`), and what it asked for."""
 
-    seq: int
+    path: str
     params: dict[str, Any]
+    pos: int | None = None  # None: "from now", read from the head before connecting
     resumed: bool = False
 
     def request(self) -> tuple[dict[str, Any], dict[str, str]]:
         """Query and headers for the next connection: `since_seq` the first time,
         `Last-Event-ID` on every reconnect (the header wins on the service)."""
         if self.resumed:
-            return dict(self.params), {"Last-Event-ID": str(self.seq)}
-        return {**self.params, "since_seq": self.seq}, {}
+            return dict(self.params), {"Last-Event-ID": str(self.pos)}
+        return {**self.params, "since_seq": self.pos}, {}
 
-    def accept(self, data: str) -> Event | None:
-        """The event in an SSE message, or None for one already seen or empty."""
-        if not data:
+    def accept(self, message_id: str, data: str) -> str | None:
+        """The event JSON in an SSE message, or None for a keep-alive or one already seen.
+        The message's id is the cursor, so the event need not be decoded to advance it."""
+        if not data or not message_id.isdigit():
             return None
-        ev = _event.decode(data)
-        if ev.seq <= self.seq:
+        at = int(message_id)
+        if self.pos is not None and at <= self.pos:
             return None
-        self.seq = ev.seq
-        return ev
+        self.pos = at
+        return data
+
+
+def decode_event(data: str) -> Event:
+    return _event.decode(data)
 
 
 class Op(Generic[P, T]):
@@ -202,9 +217,22 @@ def settings(url: str | None, token: str | None) -> tuple[str, dict[str, str]]:
     return base, headers
 
 
-def feed_params(types: list[str] | None, stream: str | None, project: str | None) -> dict[str, Any]:
+def feed_params(types: list[str] | None, stream: str | None = None, project: str | None = None) -> dict[str, Any]:
     params: dict[str, Any] = {"types": ",".join(types) if types else None, "stream": stream, "project": project}
     return {k: v for k, v in params.items() if v is not None}
+
+
+def stream_path(kind: str, ident: str) -> str:
+    """The SSE path of one task's or job's stream."""
+    from urllib.parse import quote
+
+    return f"/{kind}/{quote(ident, safe='')}/stream"
+
+
+def retry_stream(status: int, retry: Retry) -> bool:
+    """Whether a stream refused with `status` is worth reconnecting to: the retried
+    statuses, and 429 (too many streams for this token, for now)."""
+    return status == 429 or status in retry.statuses
 
 
 # A stream is quiet between events, but the service sends a comment every 15 s:

@@ -79,6 +79,46 @@ class Claim(_Request):
     lease_seconds: int = 60
 
 
+class ClaimBatch(Claim):
+    """Claim up to `max` tasks at once, each with a lease of its own."""
+
+    max: int = 10
+
+
+class ClaimJob(_Request):
+    lease_seconds: int | None = None  # None: the service's job heartbeat timeout
+    projects: list[str] | None = None
+
+
+ReportEvent = Literal["stage", "command_started", "command_completed", "cache_hit", "command_skipped",
+                      "heartbeat", "error", "finish"]
+Stage = Literal["init", "load_cache", "select_cmds", "running", "parallel", "sequential", "completing", "cleanup"]
+
+
+class JobReport(_Request):
+    """A job runner's report; each `event` takes its own fields (the service
+    refuses others): `stage` a stage; `command_started` command, index, total;
+    `command_completed` those and exit_code, duration, output, output_truncated,
+    timed_out; `command_skipped` and `cache_hit` command, index, reason; `error`
+    error; `heartbeat` nothing; `finish` status, exit_code, result, error."""
+
+    event: ReportEvent
+    lease_id: str | None = None
+    stage: Stage | None = None
+    command: str | None = None
+    index: int | None = None
+    total: int | None = None
+    exit_code: int | None = None
+    duration: float | None = None
+    reason: str | None = None
+    error: str | None = None
+    status: Literal["completed", "failed", "cancelled"] | None = None
+    result: Any = None
+    output: str | None = None
+    output_truncated: bool | None = None
+    timed_out: bool | None = None
+
+
 class Lease(_Request):
     lease_id: str
 
@@ -217,6 +257,7 @@ class Task(msgspec.Struct, kw_only=True):
     verifier_task_ids: list[str] = []
     verdicts: list[VerdictRecord] = []
     rework_notes: list[Unmet] = []
+    operator_notes: str | None = None
     blocker_id: str | None = None
     checker: str | None = None
     outcome: Outcome | None = None
@@ -235,6 +276,12 @@ class TaskPage(msgspec.Struct, kw_only=True):
 
 
 class Collected(msgspec.Struct, kw_only=True):
+    tasks: list[Task]
+
+
+class Claimed(msgspec.Struct, kw_only=True):
+    """The tasks a batch claim took (none when there was nothing to claim)."""
+
     tasks: list[Task]
 
 
@@ -279,8 +326,22 @@ class BlockerList(msgspec.Struct, kw_only=True):
     blockers: list[Blocker]
 
 
+class JobCommand(msgspec.Struct, kw_only=True):
+    """One command of a job and how its run went."""
+
+    command: str
+    state: str = "pending"
+    exit_code: int | None = None
+    duration: float | None = None
+    reason: str | None = None
+    output: str | None = None
+    output_truncated: bool = False
+    timed_out: bool = False
+
+
 class Job(msgspec.Struct, kw_only=True):
-    """A job's status (`eta_sec` is null until a command has completed)."""
+    """A job's status (`eta_sec` is null until a command has completed); while
+    it runs, the runner holding it and its `lease_id` (shown to that runner)."""
 
     job_id: str
     state: str
@@ -295,6 +356,15 @@ class Job(msgspec.Struct, kw_only=True):
     result: Any = None
     cancel_requested: bool = False
     project: str | None = None
+    parallel: bool = False
+    fail_fast: bool = False
+    labels: list[str] = []
+    command_timeout_seconds: float | None = None
+    commands: list[JobCommand] = []
+    node: str | None = None
+    worker: str | None = None
+    lease_id: str | None = None
+    attempt: int = 0
     error: str | None = None
     exit_code: int | None = None
     version: int = 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TypeVar
 
@@ -15,14 +15,15 @@ from taskledger.client._call import (
     STREAM_READ_TIMEOUT,
     Backoff,
     Call,
-    FeedCursor,
+    Cursor,
     Retry,
+    decode_event,
     feed_params,
-    new_idempotency_key,
-    retryable,
+    retry_stream,
     settings,
+    stream_path,
 )
-from taskledger.client.errors import TransportError, from_response
+from taskledger.client.errors import TaskledgerError, TransportError, from_response
 from taskledger.client.models import Event
 
 T = TypeVar("T")
@@ -48,7 +49,7 @@ class Client(Operations):
 
     def send(self, call: Call[T]) -> T:
         """Run one Call: retries included, the answer decoded or an error raised."""
-        key = new_idempotency_key() if call.is_write() else None
+        key = call.idempotency_key()
         headers = call.headers(self._headers, key)
         content, params = call.content(), call.query()
         attempt = 0
@@ -61,45 +62,84 @@ class Client(Operations):
                     raise TransportError(f"{call.method} {call.path}: {e!r}") from e
                 time.sleep(self.retry.delay(attempt))
                 continue
-            if retryable(r) and attempt < self.retry.attempts:
+            if self.retry.retryable(r) and attempt < self.retry.attempts:
                 time.sleep(self.retry.delay(attempt, r.headers.get("retry-after")))
                 continue
             return call.decode(r)
 
     def follow(self, since_seq: int | None = None, *, types: list[str] | None = None,
-               stream: str | None = None, project: str | None = None) -> Iterator[Event]:
-        """Every matching event after `since_seq` (None: from now), forever.
+               stream: str | None = None, project: str | None = None, reconnect: bool = True,
+               read_timeout: float | None = None,
+               on_retry: Callable[[TaskledgerError], None] | None = None) -> Iterator[Event]:
+        """Every matching event of the global feed after `since_seq` (None: from now), forever.
 
         A dropped connection is resumed with Last-Event-ID, so nothing is lost
-        or repeated across drops and restarts of the service."""
-        if since_seq is None:
-            since_seq = self.events(limit=1).head_seq
-        cursor = FeedCursor(seq=since_seq, params=feed_params(types, stream, project))
+        or repeated across drops and restarts of the service; `on_retry` hears of
+        each drop or busy answer before the wait. `reconnect=False` ends with the
+        first connection instead (a drop raises TransportError)."""
+        for data in self.follow_json(since_seq, types=types, stream=stream, project=project,
+                                      reconnect=reconnect, read_timeout=read_timeout, on_retry=on_retry):
+            yield decode_event(data)
+
+    def follow_json(self, since_seq: int | None = None, *, types: list[str] | None = None,
+                    stream: str | None = None, project: str | None = None, reconnect: bool = True,
+                    read_timeout: float | None = None,
+                    on_retry: Callable[[TaskledgerError], None] | None = None) -> Iterator[str]:
+        """As `follow`, each event as the JSON text the service sent (to print or forward as is)."""
+        cursor = Cursor("/stream", feed_params(types, stream, project), since_seq)
+        return self._messages(cursor, reconnect=reconnect, read_timeout=read_timeout, on_retry=on_retry)
+
+    def follow_task(self, task_id: str, since_seq: int = 0, *,
+                    types: list[str] | None = None) -> Iterator[Event]:
+        """Every event of one task's stream after `since_seq` (a `stream_seq`), forever."""
+        cursor = Cursor(stream_path("tasks", task_id), feed_params(types), since_seq)
+        for data in self._messages(cursor, reconnect=True, read_timeout=None, on_retry=None):
+            yield decode_event(data)
+
+    def follow_job(self, job_id: str, since_seq: int = 0, *,
+                   types: list[str] | None = None) -> Iterator[Event]:
+        """Every event of one job's stream after `since_seq` (a `stream_seq`), forever."""
+        cursor = Cursor(stream_path("jobs", job_id), feed_params(types), since_seq)
+        for data in self._messages(cursor, reconnect=True, read_timeout=None, on_retry=None):
+            yield decode_event(data)
+
+    def _messages(self, cursor: Cursor, *, reconnect: bool, read_timeout: float | None,
+                  on_retry: Callable[[TaskledgerError], None] | None) -> Iterator[str]:
         backoff = Backoff(self.retry)
-        timeout = httpx.Timeout(self._http.timeout.connect, read=STREAM_READ_TIMEOUT)
+        timeout = httpx.Timeout(self._http.timeout.connect, read=read_timeout or STREAM_READ_TIMEOUT)
         while True:
-            retry_after = None
-            params, extra = cursor.request()
+            retry_after: str | None = None
+            failure: TaskledgerError | None = None
             try:
-                with connect_sse(self._http, "GET", "/stream", params=params,
+                if cursor.pos is None:
+                    cursor.pos = (self.events(limit=1)).head_seq
+                params, extra = cursor.request()
+                with connect_sse(self._http, "GET", cursor.path, params=params,
                                  headers={**self._headers, **extra}, timeout=timeout) as source:
                     r = source.response
                     if r.status_code != 200:
-                        err = from_response(r.status_code, r.read())
-                        if r.status_code not in (429, 503):
-                            raise err
                         retry_after = r.headers.get("retry-after")
-                    else:
-                        cursor.resumed = True
-                        for message in source.iter_sse():
-                            if message.retry is not None:
-                                backoff.hint_ms = message.retry
-                            ev = cursor.accept(message.data)
-                            if ev is not None:
-                                backoff.reset()
-                                yield ev
-            except httpx.TransportError:
-                pass
+                        raise from_response(r.status_code, r.read())
+                    cursor.resumed = True
+                    for message in source.iter_sse():
+                        if message.retry is not None:
+                            backoff.hint_ms = message.retry
+                        data = cursor.accept(message.id, message.data)
+                        if data is not None:
+                            backoff.reset()
+                            yield data
+            except httpx.TransportError as e:
+                failure = TransportError(f"GET {cursor.path}: {e!r}")
+            except TaskledgerError as e:
+                if not (isinstance(e, TransportError) or retry_stream(e.status, self.retry)):
+                    raise
+                failure = e
+            if not reconnect:
+                if failure is not None:
+                    raise failure
+                return
+            if failure is not None and on_retry is not None:
+                on_retry(failure)
             time.sleep(backoff.next(retry_after))
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import socketserver
 import threading
@@ -13,6 +14,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import asyncpg
+import msgspec
 import pytest
 
 from taskledger.client import (
@@ -23,10 +26,13 @@ from taskledger.client import (
     Event,
     Forbidden,
     InvalidTransition,
+    Job,
+    JobReport,
     LeaseMismatch,
     NotFound,
     Requirement,
     Retry,
+    TaskledgerError,
     TaskNotFound,
     TransportError,
     Unauthorized,
@@ -146,9 +152,11 @@ class FaultyProxy:
     (the answer is lost after the write happened); `busy` answers 503 with
     Retry-After without forwarding. Later connections pass through."""
 
-    def __init__(self, upstream_port: int, fault: str, *, times: int = 1, retry_after: int = 1) -> None:
+    def __init__(self, upstream_port: int, fault: str, *, times: int = 1, retry_after: int = 1,
+                 status: int = 503) -> None:
         self.upstream = ("127.0.0.1", upstream_port)
         self.fault = fault
+        self.status = status
         self.remaining = times
         self.retry_after = retry_after
         self.connections = 0
@@ -176,9 +184,9 @@ class FaultyProxy:
         spoil = self._spoil()
         if spoil and self.fault == "busy":
             client.recv(65536)
-            body = b'{"status":503,"code":"unavailable","title":"Service unavailable","detail":"busy"}'
-            client.sendall(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/problem+json\r\n"
-                           b"retry-after: " + str(self.retry_after).encode() + b"\r\n"
+            body = b'{"status":%d,"code":"unavailable","title":"Service unavailable","detail":"busy"}' % self.status
+            client.sendall(b"HTTP/1.1 %d Busy\r\ncontent-type: application/problem+json\r\n" % self.status
+                           + b"retry-after: " + str(self.retry_after).encode() + b"\r\n"
                            b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
             client.close()
             return
@@ -251,6 +259,30 @@ def test_a_503_is_retried_after_its_retry_after(server: ServerProcess) -> None:
         assert proxy.connections == 2
 
 
+def test_a_502_or_504_from_a_proxy_in_front_is_retried_like_a_503(server: ServerProcess) -> None:
+    token = server.token("producer")
+    for status in (502, 504):
+        with FaultyProxy(server.port, "busy", status=status, retry_after=0) as proxy, Client(
+                f"http://127.0.0.1:{proxy.port}", token, retry=FAST) as c:
+            created = c.create_task(_task("gateway"))
+            assert proxy.connections == 2
+        assert _count(server, created.id, "task.created") == 1
+
+
+def test_a_500_is_not_retried_unless_the_policy_says_so(server: ServerProcess) -> None:
+    for policy, connections in ((FAST, 1), (Retry(attempts=3, backoff=0.01, statuses=frozenset({500})), 2)):
+        with FaultyProxy(server.port, "busy", status=500, retry_after=0) as proxy, Client(
+                f"http://127.0.0.1:{proxy.port}", ADMIN_TOKEN, retry=policy) as c:
+            if connections == 1:
+                with pytest.raises(TaskledgerError) as e:
+                    c.get_task("absent")
+                assert e.value.status == 500
+            else:
+                with pytest.raises(TaskNotFound):
+                    c.get_task("absent")
+            assert proxy.connections == connections
+
+
 def test_503s_beyond_the_retries_raise_unavailable(server: ServerProcess) -> None:
     with FaultyProxy(server.port, "busy", times=10, retry_after=0) as proxy, Client(
             f"http://127.0.0.1:{proxy.port}", ADMIN_TOKEN, retry=Retry(attempts=3, backoff=0.01)) as c:
@@ -319,6 +351,159 @@ async def test_follow_resumes_across_a_server_restart_without_gap_or_duplicate(
             await task
     seqs = [e.seq for e in seen]
     assert seqs == list(range(1, head + 1))
+
+
+def test_a_stream_refused_for_now_is_retried_and_on_retry_hears_of_it(server: ServerProcess) -> None:
+    with Client(server.base, server.token("producer")) as p:
+        first = p.create_task(_task("busy-feed"))
+    heard: list[TaskledgerError] = []
+    with FaultyProxy(server.port, "busy", retry_after=0) as proxy, Client(
+            f"http://127.0.0.1:{proxy.port}", ADMIN_TOKEN, retry=FAST) as c:
+        feed = c.follow(since_seq=first.seq - 1, on_retry=heard.append)
+        ev = next(feed)
+        feed.close()
+    assert ev.seq == first.seq and ev.stream == f"task:{first.id}"
+    assert [type(e) for e in heard] == [Unavailable] and proxy.connections == 2
+
+
+def test_follow_without_reconnect_raises_what_refused_it(server: ServerProcess) -> None:
+    with FaultyProxy(server.port, "busy", retry_after=0) as proxy, Client(
+            f"http://127.0.0.1:{proxy.port}", ADMIN_TOKEN, retry=FAST) as c:
+        with pytest.raises(Unavailable):
+            next(c.follow(since_seq=0, reconnect=False))
+        assert proxy.connections == 1
+
+
+def test_follow_without_reconnect_ends_with_its_connection(db_url: str) -> None:
+    server = ServerProcess(db_url).start()
+    try:
+        with Client(server.base, server.token("producer")) as p:
+            p.create_task(_task("one-connection"))
+        seen: list[str] = []
+        ended: list[BaseException | None] = []
+
+        def follow() -> None:
+            with Client(server.base, ADMIN_TOKEN, retry=FAST) as c:
+                try:
+                    seen.extend(c.follow_json(since_seq=0, reconnect=False))
+                    ended.append(None)
+                except TransportError as e:  # the connection broke rather than ended
+                    ended.append(e)
+
+        t = threading.Thread(target=follow, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert seen
+        server.stop()
+        t.join(20)
+        assert not t.is_alive() and len(ended) == 1  # it did not reconnect
+    finally:
+        server.stop()
+
+
+def test_follow_json_is_each_event_as_the_service_sent_it(server: ServerProcess) -> None:
+    with Client(server.base, server.token("producer")) as p:
+        made = [p.create_task(_task("raw")) for _ in range(3)]
+    with server.client() as http:
+        page = http.get("/events", params={"since_seq": 0, "types": "task.created"}).json()["events"]
+    with Client(server.base, ADMIN_TOKEN) as c:
+        texts = c.follow_json(since_seq=0, types=["task.created"])
+        raw = [next(texts) for _ in made]
+        texts.close()
+        events = c.follow(since_seq=0, types=["task.created"])
+        decoded = [next(events) for _ in made]
+        events.close()
+    assert [json.loads(t) for t in raw] == page
+    assert [e.seq for e in decoded] == [m.seq for m in made]
+    assert [msgspec.to_builtins(e) for e in decoded] == page
+
+
+def test_follow_task_and_follow_job_read_one_stream_by_stream_seq(server: ServerProcess) -> None:
+    with (Client(server.base, server.token("producer")) as producer,
+          Client(server.base, server.token("worker", node="n1")) as worker):
+        t = producer.create_task(_task("one-stream", verification=None))
+        producer.create_task(_task("one-stream"))  # another stream, not followed
+        job = producer.create_job(["true"], project="one-stream")
+        claimed = worker.claim(projects=["one-stream"])
+        assert claimed is not None and claimed.id == t.id
+        events = worker.follow_task(t.id)
+        first = [next(events) for _ in range(2)]
+        events.close()
+        assert [(e.stream, e.stream_seq, e.type) for e in first] == [
+            (f"task:{t.id}", 1, "task.created"), (f"task:{t.id}", 2, "task.claimed")]
+        later = worker.follow_task(t.id, since_seq=1)
+        assert next(later).type == "task.claimed"
+        later.close()
+        jobs = producer.follow_job(job.job_id)
+        assert (next(jobs).type, job.seq) == ("job.created", job.seq)
+        jobs.close()
+        with pytest.raises(NotFound):
+            next(producer.follow_job("no-such-job"))
+
+
+def test_a_runner_claims_reports_and_hears_of_a_cancel_through_the_client(server: ServerProcess) -> None:
+    with (Client(server.base, server.token("producer")) as producer,
+          Client(server.base, server.token("worker", node="runner-1")) as runner):
+        assert runner.claim_job(projects=["runner-loop"]) is None
+        made = producer.create_job(["make test", "make lint"], project="runner-loop", fail_fast=True,
+                                   command_timeout_seconds=30)
+        job = runner.claim_job(projects=["runner-loop"], lease_seconds=30)
+        assert isinstance(job, Job) and job.job_id == made.job_id and job.lease_id
+        assert [c.command for c in job.commands] == ["make test", "make lint"]
+        assert job.fail_fast and not job.parallel and job.command_timeout_seconds == 30
+        assert job.node == "runner-1" and job.state == "running"
+        lease = job.lease_id
+        runner.report_job(job.job_id, JobReport(event="stage", stage="sequential", lease_id=lease))
+        runner.report_job(job.job_id, JobReport(event="command_started", command="make test", index=0, total=2,
+                                                lease_id=lease))
+        done = runner.report_job(job.job_id, JobReport(
+            event="command_completed", command="make test", index=0, exit_code=0, duration=0.5,
+            output="ok\n", output_truncated=False, lease_id=lease))
+        assert done.completed_commands == 1 and done.commands[0].output == "ok\n" and not done.cancel_requested
+        assert producer.cancel_job(job.job_id).state == "cancelling"
+        beat = runner.report_job(job.job_id, JobReport(event="heartbeat", lease_id=lease))
+        assert beat.cancel_requested and beat.state == "cancelling"
+        end = runner.report_job(job.job_id, JobReport(event="finish", status="cancelled", lease_id=lease))
+        assert end.state == "cancelled"
+        with pytest.raises(Conflict):
+            runner.report_job(job.job_id, JobReport(event="heartbeat", lease_id=lease))
+        with pytest.raises(ValidationError):  # a field the event does not take
+            runner.report_job(made.job_id, JobReport(event="heartbeat", exit_code=1, lease_id=lease))
+
+
+def test_claim_batch_takes_several_tasks_each_with_a_lease_of_its_own(server: ServerProcess) -> None:
+    with (Client(server.base, server.token("producer")) as producer,
+          Client(server.base, server.token("worker", node="n1")) as worker):
+        made = [producer.create_task(_task("batch-claim")) for _ in range(3)]
+        got = worker.claim_batch(2, projects=["batch-claim"], task_types=["implement"])
+        assert [t.id for t in got.tasks] == [m.id for m in made[:2]]
+        assert len({t.lease_id for t in got.tasks}) == 2 and all(t.state == "claimed" for t in got.tasks)
+        rest = worker.claim_batch(5, projects=["batch-claim"])
+        assert [t.id for t in rest.tasks] == [made[2].id]
+        assert worker.claim_batch(5, projects=["batch-claim"]).tasks == []
+        worker.start(got.tasks[0].id, got.tasks[0].lease_id or "")
+
+
+def test_a_polling_claim_sends_no_idempotency_key_and_an_empty_one_records_nothing(
+        server: ServerProcess, db_url: str) -> None:
+    async def recorded() -> int:
+        conn = await asyncpg.connect(db_url)
+        try:
+            return int(await conn.fetchval("SELECT count(*) FROM idempotency_keys"))
+        finally:
+            await conn.close()
+
+    with Client(server.base, server.token("worker", node="poller")) as w:
+        before = asyncio.run(recorded())
+        assert w.claim(projects=["idle"], idempotent=False) is None
+        assert w.claim_batch(3, projects=["idle"], idempotent=False).tasks == []
+        assert w.claim_job(projects=["idle"], idempotent=False) is None
+        assert asyncio.run(recorded()) == before
+        assert w.claim(projects=["idle"]) is None  # the default: the answer is kept for a retry
+        assert w.claim_job(projects=["idle"]) is None
+        assert asyncio.run(recorded()) == before + 2
 
 
 def test_the_readme_loop_in_python_runs_as_written(server: ServerProcess, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,8 +14,10 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from taskledger.service.http.app import create_app
-from taskledger.service.http.auth import hash_token
-from taskledger.service.http.routes.dashboard import COOKIE, Sessions, _b64
+from taskledger.service.http.deps import services_of
+from taskledger.service.http.routes.dashboard import COOKIE
+from taskledger.service.http.sessions import Sessions, b64
+from taskledger.service.tokens import hash_token
 from tests.conftest import ADMIN_TOKEN, AppHarness, ServerProcess, settings_for
 from tests.flows import create_task, project
 
@@ -121,7 +123,7 @@ async def test_forged_tampered_and_expired_cookies_get_401(harness: AppHarness, 
     secret = bytes(await pool.fetchval("SELECT secret FROM ui_secrets WHERE id = 1"))
 
     def signed(body: str, key: bytes = secret) -> str:
-        return body + "." + _b64(hmac.new(key, body.encode(), hashlib.sha256).digest())
+        return body + "." + b64(hmac.new(key, body.encode(), hashlib.sha256).digest())
 
     admin_hash = hash_token(ADMIN_TOKEN)
     forged = {
@@ -198,8 +200,7 @@ async def test_any_replica_accepts_a_session_another_issued(db_url: str) -> None
         hb.cookies.set(COOKIE, ha.cookies[COOKIE])
         assert (await hb.get("/tasks")).status_code == 200
         assert (await hb.get("/ui/session")).status_code == 200
-    sa: Sessions = a.state.ui_sessions
-    sb: Sessions = b.state.ui_sessions
+    sa, sb = services_of(a).sessions, services_of(b).sessions
     assert sa._secret == sb._secret
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from taskledger.events import store
+from taskledger import log as store
 from taskledger.events.canonical import verify_chain
 from tests.conftest import ServerProcess
 

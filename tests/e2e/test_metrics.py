@@ -132,7 +132,7 @@ def test_metrics_after_a_maker_checker_loop_count_requests_batches_verdicts_jobs
 
 
 def test_tasks_by_state_are_cached_for_a_short_while(server: ServerProcess) -> None:
-    """One grouped query serves scrapes within `metrics_cache_seconds` (5 s by default)."""
+    """One read of the views serves scrapes within `metrics_cache_seconds` (5 s by default)."""
     before, _ = scrape(server.base)
     with Client(server.base, server.token("producer")) as producer:
         producer.create_task(CreateTask(id="c-" + uuid.uuid4().hex[:8], project="cache", title="t"))

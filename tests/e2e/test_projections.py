@@ -11,7 +11,7 @@ import asyncpg
 import httpx
 import pytest
 
-from taskledger.projections import framework
+from taskledger.projections import catalog, framework
 from taskledger.projections import tasks as tasks_view
 from taskledger.service.cli.main import main as cli
 from tests.conftest import AppHarness, Client, ServerProcess
@@ -44,7 +44,7 @@ async def _actors(harness: AppHarness) -> tuple[Client, Client, Client]:
 
 async def _check(pool: asyncpg.Pool, names: list[str] | None = None) -> list[framework.Difference]:
     async with pool.acquire() as conn:
-        return await framework.check(conn, framework.select(names))
+        return await framework.check(conn, catalog.select(names))
 
 
 async def _index_names(pool: asyncpg.Pool) -> list[tuple[str, str]]:
@@ -149,7 +149,7 @@ async def test_a_rebuild_under_concurrent_writes_equals_the_live_projection_row_
         conn = await asyncpg.connect(db_url)
         reader = await asyncpg.connect(db_url) if read_ahead else None
         try:
-            for p in framework.select(None):
+            for p in catalog.PROJECTIONS:
                 # small pages and a tiny lock window, so writes land between pages and during catch-up
                 res = await framework.rebuild(conn, p, page_seqs=7, catch_up_under_lock=3, reader=reader)
                 assert res.seq > 0
@@ -177,7 +177,7 @@ async def test_two_rebuilds_of_one_projection_do_not_run_at_once(pool: asyncpg.P
     try:
         await holder.execute("SELECT pg_advisory_lock(hashtext('taskledger:rebuild:tasks'))")
         try:
-            await framework.rebuild(conn, framework.get("tasks"))
+            await framework.rebuild(conn, catalog.TASKS)
         except framework.RebuildBusy:
             pass
         else:
@@ -267,7 +267,7 @@ async def test_a_rebuild_that_evicts_its_cache_between_pages_writes_the_same_row
     for _ in range(2):
         await _busy_day(*actors)
     live = await pool.fetch("SELECT to_jsonb(t)::text AS r FROM tasks t ORDER BY id")
-    p = dataclasses.replace(framework.get("tasks"), new_fold=lambda: tasks_view.TaskFold(
+    p = dataclasses.replace(catalog.TASKS, new_fold=lambda: tasks_view.TaskFold(
         write="tasks", cache_max=cache_max))
     conn = await asyncpg.connect(db_url)
     reader = await asyncpg.connect(db_url)

@@ -23,8 +23,8 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
-from taskledger.events import store
-from taskledger.events.store import NewEvent
+from taskledger import log as store
+from taskledger.log import NewEvent
 from taskledger.service.http.live import APPLICATION_NAME, Filter, Hub
 from taskledger.service.ops.embedded import start_embedded, with_database
 from taskledger.service.ops.migrate import migrate

@@ -23,8 +23,8 @@ import asyncpg
 import httpx
 import pytest
 
-from taskledger.events import store
-from taskledger.events.store import NewEvent
+from taskledger import log as store
+from taskledger.log import NewEvent
 from taskledger.service.http.server_limits import (
     RESERVED_FILES,
     fit_to_open_files,

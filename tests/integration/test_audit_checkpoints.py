@@ -14,7 +14,8 @@ import asyncpg
 import pytest
 from litestar.testing import AsyncTestClient
 
-from taskledger.events import audit, store
+from taskledger import log as store
+from taskledger.events import audit
 from taskledger.events.canonical import event_hash
 from taskledger.service.cli.main import main as cli
 from taskledger.service.http.app import create_app

@@ -7,7 +7,7 @@ from typing import Any
 
 import asyncpg
 
-from taskledger.events import store
+from taskledger import log as store
 from tests.conftest import AppHarness, Client
 from tests.flows import claim, complete_verify, create_task, make, project
 

@@ -7,10 +7,10 @@ import asyncio
 import asyncpg
 import pytest
 
-from taskledger.events import store
+from taskledger import log as store
 from taskledger.events.canonical import GENESIS_HASH, event_hash, verify_chain
 from taskledger.events.errors import VersionConflict
-from taskledger.events.store import ANY, NewEvent
+from taskledger.log import ANY, NewEvent
 
 
 def ev(t: str = "task.created", **data: object) -> NewEvent:

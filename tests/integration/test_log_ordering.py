@@ -7,8 +7,8 @@ import random
 
 import asyncpg
 
-from taskledger.events import store
-from taskledger.events.store import NewEvent
+from taskledger import log as store
+from taskledger.log import NewEvent
 from taskledger.service.writer.engine import UnitOfWork, Writer
 
 

@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 
 from taskledger.events.errors import InvalidTransition
-from taskledger.events.store import NewEvent
+from taskledger.log import NewEvent
 from taskledger.service.writer.engine import UnitOfWork, Writer
 
 

@@ -25,7 +25,7 @@ from taskledger.events.task.events import (
     payload,
 )
 from taskledger.events.task.state import TaskState, evolve, evolve_owned
-from taskledger.projections import framework
+from taskledger.log import LogEvent
 from taskledger.projections import tasks as task_rows
 from tests.task_world import AT
 from tests.unit.test_task_machine import TaskMachine
@@ -47,7 +47,7 @@ class FoldInPlaceMachine(TaskMachine):
         page = []
         for seq, (tid, ev) in enumerate(self.w.log[self.folded:], start=self.folded + 1):
             versions[tid] = versions.get(tid, 0) + 1
-            page.append(framework.LogEvent(seq, f"task:{tid}", versions[tid], event_type(ev),
+            page.append(LogEvent(seq, f"task:{tid}", versions[tid], event_type(ev),
                                            msgspec.json.encode(payload(ev)).decode(), AT))
         self.folded = len(self.w.log)
         task_rows.fold_page(self.owned, None, page)

@@ -53,9 +53,10 @@ def respond(result: Any, status: int = 200) -> Response[Any]:
 
 
 def _query_names(handler: BaseRouteHandler) -> set[str]:
+    injected = handler.resolve_dependencies()  # `pool`, `settings`, ...: never from the query
     return {
         str(getattr(f.kwarg_definition, "query", None) or getattr(f.kwarg_definition, "name", None) or n)
-        for n, f in handler.parsed_fn_signature.parameters.items()
+        for n, f in handler.parsed_fn_signature.parameters.items() if n not in injected
     }
 
 

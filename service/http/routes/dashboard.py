@@ -32,39 +32,37 @@ API reads, open to a bearer token or a session.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import math
 import re
-import secrets
-import time
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Annotated, Any, Final
 
 import asyncpg
 import msgspec
-from litestar import Litestar, Request, Response, delete, get, post
+from litestar import Request, Response, delete, get, post
 from litestar.connection import ASGIConnection
 from litestar.datastructures import Cookie
 from litestar.exceptions import NotAuthorizedException
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from taskledger.events import store
+from taskledger import log as store
 from taskledger.events.errors import Forbidden, NotFound, ValidationFailed
 from taskledger.events.job import events as job_events
 from taskledger.events.task import events as task_events
 from taskledger.events.task.state import TaskState
-from taskledger.projections import framework
+from taskledger.log import audit as stored_audit
+from taskledger.projections import catalog, framework
 from taskledger.projections import tasks as views
-from taskledger.service.http.auth import LIVE_BEARER_SQL, Principal, TokenStore, hash_token
-from taskledger.service.settings import Settings
+from taskledger.service.http.deps import MetricsDep, PoolDep, SessionsDep
+from taskledger.service.http.sessions import Sessions
+from taskledger.service.metrics import Metrics
+from taskledger.service.tokens import Principal, hash_token
 
 COOKIE: Final = "tl_session"
 READ_METHODS: Final = frozenset({"GET", "HEAD"})
-_VERSION: Final = "v1"
-_HASH_LEN: Final = 64  # sha256 hex
 
 CSP: Final = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
@@ -131,94 +129,6 @@ async def static_asset(request: Request[Any, Any, Any], name: FromPath[str]) -> 
 # ------------------------------------------------------------------ sessions
 
 
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
-class Sessions:
-    """Issues and checks the signed session cookies; resolves them to a principal."""
-
-    CACHE_TTL = TokenStore.TTL
-
-    def __init__(self, pool: asyncpg.Pool, secret: bytes, *, ttl: int, admin_token: str | None) -> None:
-        self._pool = pool
-        self._secret = secret
-        self.ttl = int(ttl)
-        self._admin_hash = hash_token(admin_token) if admin_token else None
-        self._cache: dict[str, tuple[float, Principal | None]] = {}
-
-    def _sig(self, body: str) -> str:
-        return _b64(hmac.new(self._secret, body.encode(), hashlib.sha256).digest())
-
-    def csrf(self, token_hash: str) -> str:
-        """The session's CSRF token: bound to the token (so it outlives renewals), unguessable
-        without the key, and never in a cookie, so another origin can neither read nor send it."""
-        return self._sig(f"csrf.{token_hash}")
-
-    def issue(self, token_hash: str, now: float | None = None) -> tuple[str, int]:
-        # whole seconds, rounded up: a cookie is good for at least `ttl` seconds
-        exp = math.ceil((now if now is not None else time.time()) + self.ttl)
-        body = f"{_VERSION}.{exp}.{token_hash}"
-        return f"{body}.{self._sig(body)}", exp
-
-    def check(self, value: str | None, now: float | None = None) -> tuple[str, int] | None:
-        """(token hash, expiry) of a well-signed, unexpired cookie value; else None."""
-        if not value or len(value) > 256:
-            return None
-        parts = value.split(".")
-        if len(parts) != 4 or parts[0] != _VERSION:
-            return None
-        _, exp_s, token_hash, sig = parts
-        if not hmac.compare_digest(self._sig(f"{_VERSION}.{exp_s}.{token_hash}"), sig):
-            return None
-        if not exp_s.isdigit() or len(token_hash) != _HASH_LEN:
-            return None
-        exp = int(exp_s)
-        if exp <= (now if now is not None else time.time()):
-            return None
-        return token_hash, exp
-
-    async def holder(self, token_hash: str, *, cached: bool = True) -> Principal | None:
-        """The token's own principal, if it still exists and is not revoked."""
-        if self._admin_hash is not None and hmac.compare_digest(token_hash, self._admin_hash):
-            return Principal(name="admin", role="admin", node=None, token_hash=token_hash)
-        now = time.monotonic()
-        hit = self._cache.get(token_hash)
-        if cached and hit is not None and hit[0] > now:
-            return hit[1]
-        row = await self._pool.fetchrow(LIVE_BEARER_SQL, token_hash)
-        p = None if row is None else Principal(
-            name=row["name"], role=row["role"], node=row["node"], token_hash=token_hash)
-        if len(self._cache) > 10_000:
-            self._cache.clear()
-        self._cache[token_hash] = (now + self.CACHE_TTL, p)
-        return p
-
-    async def principal(self, value: str | None, *, cached: bool = True) -> tuple[Principal, int] | None:
-        """The read-only principal a cookie value stands for, and its expiry."""
-        checked = self.check(value)
-        if checked is None:
-            return None
-        holder = await self.holder(checked[0], cached=cached)
-        if holder is None:
-            return None
-        return reader_of(holder), checked[1]
-
-
-def reader_of(p: Principal) -> Principal:
-    """The cookie's principal: the token's name and node, but only ever the reader role."""
-    return Principal(name=p.name, role="reader", node=p.node, token_hash=p.token_hash)
-
-
-async def _secret(pool: asyncpg.Pool) -> bytes:
-    await pool.execute("INSERT INTO ui_secrets (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
-                       secrets.token_bytes(32))
-    return bytes(await pool.fetchval("SELECT secret FROM ui_secrets WHERE id = 1"))
-
-
-def _sessions(app: Litestar | Any) -> Sessions:
-    return app.state.ui_sessions  # type: ignore[no-any-return]
-
 
 class CsrfRefused(Forbidden):
     code = "csrf_failed"
@@ -254,13 +164,13 @@ def _foreign_origin(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
     return origin.partition("://")[2].rstrip("/").lower() != host.lower()
 
 
-async def cookie_authenticator(connection: ASGIConnection[Any, Any, Any, Any]) -> Principal | None:
-    """`extra_authenticators` entry: a session cookie (reads; acting with the CSRF header)."""
+async def cookie_authenticator(sessions: Sessions, connection: ASGIConnection[Any, Any, Any, Any]
+                               ) -> Principal | None:
+    """An authenticator (bound to the app's `sessions`): a session cookie (reads; acting with the CSRF header)."""
     value = connection.cookies.get(COOKIE)
     if not value:
         return None
     method = str(connection.scope.get("method", "GET"))
-    sessions = _sessions(connection.app)
     if _is_session_action(method, connection.scope.get("path", "")):
         checked = sessions.check(value)
         if checked is None:
@@ -340,12 +250,11 @@ _NO_STORE: Final = {"Cache-Control": "no-store"}
 @post("/ui/session", operation_id="createUiSession", tags=["dashboard"], status_code=200,
       security=[{}], summary="Trade a token for a read-only browser session cookie")
 async def create_session(
-    request: Request[Any, Any, Any], data: JSONBody[SessionBody]
+    request: Request[Any, Any, Any], sessions: SessionsDep, data: JSONBody[SessionBody]
 ) -> Response[SessionView]:
     _no_token_in_url(request)
     if not data.token or len(data.token) > 512:
         raise NotAuthorizedException("unknown or revoked token")
-    sessions = _sessions(request.app)
     holder = await sessions.holder(hash_token(data.token), cached=False)
     if holder is None:
         raise NotAuthorizedException("unknown or revoked token")
@@ -354,8 +263,7 @@ async def create_session(
                     cookies=[_cookie(request, value, sessions.ttl)])
 
 
-async def _current(request: Request[Any, Any, Any], *, cached: bool) -> tuple[Principal, int]:
-    sessions = _sessions(request.app)
+async def _current(request: Request[Any, Any, Any], sessions: Sessions, *, cached: bool) -> tuple[Principal, int]:
     checked = sessions.check(request.cookies.get(COOKIE))
     if checked is None:
         raise NotAuthorizedException("no valid session: sign in with a token")
@@ -367,16 +275,15 @@ async def _current(request: Request[Any, Any, Any], *, cached: bool) -> tuple[Pr
 
 @get("/ui/session", operation_id="getUiSession", tags=["dashboard"], security=[{}],
      summary="The current browser session (401 when there is none)")
-async def get_session(request: Request[Any, Any, Any]) -> Response[SessionView]:
-    holder, exp = await _current(request, cached=True)
-    return Response(content=_view(holder, exp, _sessions(request.app)), headers=_NO_STORE)
+async def get_session(request: Request[Any, Any, Any], sessions: SessionsDep) -> Response[SessionView]:
+    holder, exp = await _current(request, sessions, cached=True)
+    return Response(content=_view(holder, exp, sessions), headers=_NO_STORE)
 
 
 @post("/ui/session/renew", operation_id="renewUiSession", tags=["dashboard"], status_code=200,
       security=[{}], summary="A fresh cookie for a still-valid session (its token must still be valid)")
-async def renew_session(request: Request[Any, Any, Any]) -> Response[SessionView]:
-    holder, _ = await _current(request, cached=False)
-    sessions = _sessions(request.app)
+async def renew_session(request: Request[Any, Any, Any], sessions: SessionsDep) -> Response[SessionView]:
+    holder, _ = await _current(request, sessions, cached=False)
     value, exp = sessions.issue(holder.token_hash)
     return Response(content=_view(holder, exp, sessions), headers=_NO_STORE,
                     cookies=[_cookie(request, value, sessions.ttl)])
@@ -455,54 +362,44 @@ async def _within_head(pool: asyncpg.Pool, as_of_seq: int) -> int:
 @get("/dashboard/tasks", operation_id="listTasksAsOf", tags=["dashboard"],
      summary="Every task as it stood after a seq (the board's time travel), oldest first, paged")
 async def tasks_as_of(
-    request: Request[Any, Any, Any], as_of_seq: AsOfSeq,
+    request: Request[Any, Any, Any], pool: PoolDep, as_of_seq: AsOfSeq,
     after: Annotated[str | None, QueryParameter(max_length=128)] = None,
     limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 1000,
 ) -> BoardPage:
-    pool = request.app.state.pool
     head = await _within_head(pool, as_of_seq)
     cursor = 0
     if after is not None:
-        found = await pool.fetchval("SELECT created_seq FROM tasks WHERE id = $1", after)
+        found = await views.created_seq_of(pool, after)
         if found is None:
             raise ValidationFailed(f"after: no task {after}")
-        cursor = int(found)
-    rows = await pool.fetch(
-        "SELECT id, seq, body::text AS body FROM tasks WHERE created_seq > $1 AND created_seq <= $2 "
-        f"ORDER BY created_seq LIMIT {int(limit) + 1}", cursor, as_of_seq)
+        cursor = found
+    rows = await views.rows_created_by(pool, as_of_seq, after_created_seq=cursor, limit=limit + 1)
     page = rows[:limit]
     states: dict[str, TaskState] = {}
-    later = [f"task:{r['id']}" for r in page if r["seq"] > as_of_seq]
+    later = [f"task:{r.id}" for r in page if r.seq > as_of_seq]
     if later:
-        views.fold_page(states, None, await framework.read_stream_before(pool, later, as_of_seq + 1))
+        views.fold_page(states, None, await store.read_stream_before(pool, later, as_of_seq + 1))
     user: Principal = request.user
     viewer = None if user.role == "admin" else user.token_id  # lease ids only to their holder
-    out = [views.visible_to(states[r["id"]] if r["seq"] > as_of_seq else views.decode_state(r["body"]), viewer)
+    out = [views.visible_to(states[r.id] if r.seq > as_of_seq else views.decode_state(r.body), viewer)
            for r in page]
     return BoardPage(as_of_seq=as_of_seq, head_seq=head, tasks=out,
-                     next_after=page[-1]["id"] if len(rows) > limit else None)
+                     next_after=page[-1].id if len(rows) > limit else None)
 
 
 @get("/dashboard/blockers", operation_id="listBlockersAsOf", tags=["dashboard"],
      summary="The blockers open after a seq, as they stood then")
-async def blockers_as_of(request: Request[Any, Any, Any], as_of_seq: AsOfSeq) -> BlockersAsOf:
-    pool = request.app.state.pool
+async def blockers_as_of(pool: PoolDep, as_of_seq: AsOfSeq) -> BlockersAsOf:
     await _within_head(pool, as_of_seq)
-    rows = await pool.fetch(
-        "SELECT body::text AS body FROM blockers WHERE opened_seq <= $1 "
-        "AND (resolved_seq IS NULL OR resolved_seq > $1) ORDER BY opened_seq LIMIT 1000", as_of_seq)
-    out = []
-    for r in rows:
-        b = msgspec.json.decode(r["body"], type=views.Blocker)
-        out.append(msgspec.structs.replace(b, open=True, resolved_seq=None, resolved_at=None,
-                                           resolution=None, notes=None))
+    out = [msgspec.structs.replace(b, open=True, resolved_seq=None, resolved_at=None, resolution=None, notes=None)
+           for b in await views.blockers_open_at(pool, as_of_seq)]
     return BlockersAsOf(as_of_seq=as_of_seq, blockers=out)
 
 
 @get("/dashboard/seq-at", operation_id="seqAtTime", tags=["dashboard"],
      summary="The last seq recorded at or before a time (0 before the first event)")
 async def seq_at(
-    request: Request[Any, Any, Any], at: Annotated[str, QueryParameter(min_length=1, max_length=64)],
+    pool: PoolDep, at: Annotated[str, QueryParameter(min_length=1, max_length=64)],
 ) -> SeqAt:
     try:
         when = datetime.fromisoformat(at.replace("Z", "+00:00"))
@@ -510,54 +407,35 @@ async def seq_at(
         raise ValidationFailed(f"at: not an ISO 8601 time: {at!r}") from e
     if when.tzinfo is None:
         raise ValidationFailed("at: give a time zone (say ...Z for UTC)")
-    pool = request.app.state.pool
     head, _ = await store.head(pool)
-    # recorded_at is taken under the head lock, so it rises with seq: a binary
-    # search over the primary key, a few dozen index look-ups at most.
-    lo, hi = 0, head
     async with pool.acquire() as conn:
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            t = await conn.fetchval("SELECT recorded_at FROM events WHERE seq = $1", mid)
-            if t <= when:
-                lo = mid
-            else:
-                hi = mid - 1
-        recorded = None if lo == 0 else await conn.fetchval(
-            "SELECT to_char(recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') "
-            "FROM events WHERE seq = $1", lo)
-    return SeqAt(at=at, seq=lo, recorded_at=recorded, head_seq=head)
+        seq, recorded = await store.seq_at(conn, when, head)
+    return SeqAt(at=at, seq=seq, recorded_at=recorded, head_seq=head)
 
 
-def _gauge(metrics: Any, name: str) -> int | None:
+def _gauge(metrics: Metrics, name: str) -> int | None:
     v = metrics.value(name)
     return None if v is None or math.isnan(v) else int(v)
 
 
 @get("/dashboard/status", operation_id="getDashboardStatus", tags=["dashboard"],
      summary="Trust at a glance: the head, the last signed checkpoint, projection lag, this process's figures")
-async def dashboard_status(request: Request[Any, Any, Any]) -> DashboardStatus:
-    pool = request.app.state.pool
+async def dashboard_status(pool: PoolDep, metrics: MetricsDep) -> DashboardStatus:
     head, head_hash = await store.head(pool)
-    last = await pool.fetchrow(
-        f"SELECT {store.EVENT_ROW_SQL} FROM events WHERE stream = $1 AND type = $2 "
-        "ORDER BY stream_seq DESC LIMIT 1", CHECKPOINT_STREAM, CHECKPOINT_TYPE)
-    count = await pool.fetchval("SELECT count(*) FROM events WHERE stream = $1 AND type = $2",
-                                CHECKPOINT_STREAM, CHECKPOINT_TYPE) if last is not None else 0
-    metrics = request.app.state.metrics
+    last, count = await stored_audit.last_checkpoint(pool)
     batches = metrics.value("writer_batch_size_count") or 0
     return DashboardStatus(
         head_seq=head, head_hash=head_hash,
-        last_checkpoint=None if last is None else msgspec.Raw(store.event_json(last).encode()),
+        last_checkpoint=None if last is None else msgspec.Raw(last.encode()),
         checkpoints=int(count),
         projections=[ProjectionLag(name=p.name, checkpoint_seq=p.checkpoint_seq, lag=p.lag)
-                     for p in await framework.statuses(pool)],
+                     for p in await framework.statuses(pool, catalog.PROJECTIONS)],
         process=ProcessFigures(
             sse_subscribers=_gauge(metrics, "sse_subscribers"),
             sse_tailer_lag_events=_gauge(metrics, "sse_tailer_lag_events"),
             writer_commits=int(metrics.value("writer_commits_total") or 0),
             writer_commands=int(metrics.value("writer_commands_total") or 0),
-            writer_mean_batch=round(metrics.value("writer_batch_size_sum") / batches, 2) if batches else None,
+            writer_mean_batch=round((metrics.value("writer_batch_size_sum") or 0.0) / batches, 2) if batches else None,
             writer_queue_depth=_gauge(metrics, "writer_queue_depth"),
         ),
     )
@@ -566,10 +444,3 @@ async def dashboard_status(request: Request[Any, Any, Any]) -> DashboardStatus:
 ROUTES = [index, static_asset, create_session, get_session, renew_session, delete_session,
           tasks_as_of, blockers_as_of, seq_at, dashboard_status]
 
-
-async def startup(app: Litestar) -> None:
-    settings: Settings = app.state.settings
-    app.state.ui_sessions = Sessions(
-        app.state.pool, await _secret(app.state.pool),
-        ttl=settings.stream_token_ttl_seconds, admin_token=settings.admin_token)
-    app.state.extra_authenticators.append(cookie_authenticator)

@@ -1,4 +1,4 @@
-"""Jobs: create, read, cancel; the runner's claim and report; the lease sweeper.
+"""Jobs: create, read, cancel; the runner's claim and report (the lease sweeper is in service.ops.sweepers).
 
 `GET /jobs/{id}/stream` (SSE) is served by the generic stream routes.
 """
@@ -11,21 +11,23 @@ import time
 import uuid
 from typing import Annotated, Any, Final, Literal
 
+import asyncpg
 import msgspec
-from litestar import Controller, Litestar, Request, Response, get, post
+from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
+from taskledger import log as store
 from taskledger.events.errors import JobNotFound, ValidationFailed
 from taskledger.events.job import events as job_events
 from taskledger.events.job import rules as job_rules
 from taskledger.events.job import state as job_state
-from taskledger.events.store import EVENT_ROW_SQL, event_json
-from taskledger.projections.jobs import decode_state, replay, stream_of
+from taskledger.projections import jobs as job_views
+from taskledger.projections.jobs import replay, stream_of
 from taskledger.service.http.auth import requires
+from taskledger.service.http.deps import CommandRunnerDep, PoolDep, SettingsDep
 from taskledger.service.http.routes.common import StreamSinceSeq, check_id, known_query_only, respond
 from taskledger.service.writer import jobs as job_commands
-from taskledger.service.writer.commands import Stored, ctx_of, run
-from taskledger.service.writer.engine import WriterUnavailable
+from taskledger.service.writer.commands import Stored, ctx_of
 
 log = logging.getLogger("taskledger.jobs")
 
@@ -137,9 +139,8 @@ class EventsPage(msgspec.Struct, kw_only=True):
     next_seq: int
 
 
-async def _wait_for_end(request: Request[Any, Any, Any], job_id: str, seconds: float) -> dict[str, Any]:
+async def _wait_for_end(pool: asyncpg.Pool, job_id: str, seconds: float) -> dict[str, Any]:
     """Poll the view (shared by every replica) until the job ends or `timeout` passes."""
-    pool = request.app.state.pool
     deadline = time.monotonic() + seconds
     while True:
         current = await job_commands.read_view(pool, job_id)
@@ -160,6 +161,8 @@ class JobController(Controller):
     async def create(
         self,
         request: Request[Any, Any, Any],
+        pool: PoolDep,
+        command_runner: CommandRunnerDep,
         data: JSONBody[CreateJobRequest],
         wait: FromQuery[bool] = False,
         wait_seconds: Annotated[float, QueryParameter(name="timeout", ge=0, le=WAIT_MAX_SECONDS)] = 30.0,
@@ -177,18 +180,18 @@ class JobController(Controller):
             command_timeout_seconds=data.command_timeout_seconds,
             created_by=job_events.Actor(name=ctx.principal.name, role=ctx.principal.role, node=ctx.principal.node),
         )
-        result = await run(request, ctx, job_commands.create(ctx, cmd), status=201)
+        result = await command_runner.run(request, ctx, job_commands.create(ctx, cmd), status=201)
         if not wait:
             return respond(result, 201)
         job_id = cmd.job_id
         if isinstance(result, Stored):
             job_id = msgspec.json.decode(result.body)["job_id"]
-        return Response(await _wait_for_end(request, job_id, wait_seconds), status_code=201)
+        return Response(await _wait_for_end(pool, job_id, wait_seconds), status_code=201)
 
     @get("/", operation_id="listJobs")
     async def list_jobs(
         self,
-        request: Request[Any, Any, Any],
+        pool: PoolDep,
         job_state: Annotated[
             Literal["pending", "running", "cancelling", "completed", "failed", "cancelled"] | None,
             QueryParameter(name="state"),
@@ -198,32 +201,20 @@ class JobController(Controller):
         after: Annotated[int | None, QueryParameter(ge=0, le=2**62)] = None,
     ) -> dict[str, Any]:
         """Jobs in creation order; `after` is the `created_seq` of the last one seen."""
-        clauses: list[str] = ["j.created_seq > $1"]
-        args: list[Any] = [after or 0]
-        if job_state is not None:
-            args.append(job_state)
-            clauses.append(f"j.state = ${len(args)}")
-        if project is not None:
-            args.append(project)
-            clauses.append(f"j.project = ${len(args)}")
-        rows = await request.app.state.pool.fetch(
-            "SELECT j.body::text AS body, j.created_seq, l.expires_at, statement_timestamp() AS now FROM jobs j "
-            "LEFT JOIN job_leases l ON l.job_id = j.id "
-            f"WHERE {' AND '.join(clauses)} ORDER BY created_seq LIMIT {int(limit)}",
-            *args,
-        )
-        jobs = [job_commands.view(decode_state(r["body"]), r["now"], r["expires_at"]) for r in rows]
-        return {"jobs": jobs, "next_after": rows[-1]["created_seq"] if rows else after or 0}
+        rows = await job_views.list_page(pool, after_created_seq=after or 0, state=job_state, project=project,
+                                         limit=limit)
+        jobs = [job_commands.view(r.state, r.now, r.lease_expires_at) for r in rows]
+        return {"jobs": jobs, "next_after": rows[-1].created_seq if rows else after or 0}
 
     @get("/{job_id:str}", operation_id="getJob")
     async def get_job(
-        self, request: Request[Any, Any, Any], job_id: FromPath[str],
+        self, pool: PoolDep, job_id: FromPath[str],
         as_of_seq: Annotated[int | None, QueryParameter(ge=0, le=2**62)] = None,
     ) -> dict[str, Any]:
         check_id(job_id, "job id")
         if as_of_seq is not None:
-            return await _job_as_of(request.app.state.pool, job_id, as_of_seq)
-        out = await job_commands.read_view(request.app.state.pool, job_id)
+            return await _job_as_of(pool, job_id, as_of_seq)
+        out = await job_commands.read_view(pool, job_id)
         if out is None:
             raise JobNotFound(f"job {job_id} does not exist", job_id=job_id)
         return out
@@ -231,58 +222,58 @@ class JobController(Controller):
     @get("/{job_id:str}/events", operation_id="listJobEvents")
     async def events(
         self,
-        request: Request[Any, Any, Any],
+        pool: PoolDep,
         job_id: FromPath[str],
         since_seq: StreamSinceSeq = None,
         limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 1000,
     ) -> EventsPage:
         """The job's events after `since_seq`, a position in the job's own stream (1, 2, 3, …)."""
         check_id(job_id, "job id")
-        pool = request.app.state.pool
         since = since_seq or 0
         async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-            if not await conn.fetchval("SELECT 1 FROM jobs WHERE id = $1", job_id):
+            if not await job_views.exists(conn, job_id):
                 raise JobNotFound(f"job {job_id} does not exist", job_id=job_id)
-            rows = await conn.fetch(
-                f"SELECT {EVENT_ROW_SQL} FROM events WHERE stream = $1 AND stream_seq > $2 "
-                f"ORDER BY stream_seq LIMIT {int(limit)}",
-                stream_of(job_id),
-                since,
-            )
+            rows = await store.stream_rows(conn, stream_of(job_id), since, limit)
         return EventsPage(
-            events=[msgspec.Raw(event_json(r).encode()) for r in rows],
+            events=[msgspec.Raw(store.event_json(r).encode()) for r in rows],
             next_seq=rows[-1]["stream_seq"] if rows else since,
         )
 
     @post("/{job_id:str}/cancel", operation_id="cancelJob", guards=[requires("producer")], status_code=200)
-    async def cancel(self, request: Request[Any, Any, Any], job_id: FromPath[str]) -> Response[Any]:
+    async def cancel(
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, job_id: FromPath[str]
+    ) -> Response[Any]:
         """pending → cancelled; running → cancelling (until the runner confirms);
         cancelled → 409 job_already_cancelled; completed or failed → 200, final status."""
         check_id(job_id, "job id")
         ctx = ctx_of(request)
-        return respond(await run(request, ctx, job_commands.cancel(ctx, job_id)), 200)
+        return respond(await command_runner.run(request, ctx, job_commands.cancel(ctx, job_id)), 200)
 
     @post("/claim", operation_id="claimJob", guards=[requires("worker")], status_code=200)
-    async def claim(self, request: Request[Any, Any, Any], data: JSONBody[ClaimRequest]) -> Response[Any]:
+    async def claim(
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, settings: SettingsDep,
+        data: JSONBody[ClaimRequest],
+    ) -> Response[Any]:
         """The oldest pending job, now running under a lease held by the caller; 204 when none."""
         ctx = ctx_of(request)
-        settings = request.app.state.settings
         lease = data.lease_seconds or settings.job_heartbeat_timeout_seconds
-        result = await run(request, ctx, job_commands.claim(ctx, lease_seconds=lease, projects=data.projects))
+        result = await command_runner.run(
+            request, ctx, job_commands.claim(ctx, lease_seconds=lease, projects=data.projects))
         if result is None:
             return Response(content=None, status_code=204)
         return respond(result, 200)
 
     @post("/{job_id:str}/report", operation_id="reportJob", guards=[requires("worker")], status_code=200)
     async def report(
-        self, request: Request[Any, Any, Any], job_id: FromPath[str], data: JSONBody[ReportRequest]
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, job_id: FromPath[str],
+        data: JSONBody[ReportRequest],
     ) -> Response[Any]:
         """A runner's report. Every report renews the lease; the answer is the job's
         view, whose `cancel_requested` (and `state: cancelling`) tells the runner to stop."""
         check_id(job_id, "job id")
         ctx = ctx_of(request)
         r = _to_report(data)
-        return respond(await run(request, ctx, job_commands.report(ctx, job_id, r, data.lease_id)), 200)
+        return respond(await command_runner.run(request, ctx, job_commands.report(ctx, job_id, r, data.lease_id)), 200)
 
 
 ROUTES = [JobController]
@@ -290,43 +281,13 @@ ROUTES = [JobController]
 
 async def _job_as_of(pool: Any, job_id: str, as_of_seq: int) -> dict[str, Any]:
     """The job as it stood after global seq `as_of_seq`, timed as of that event."""
-    head = await pool.fetchval("SELECT seq FROM log_head WHERE id = 1")
+    head = (await store.head(pool)).seq
     if as_of_seq > head:
         raise ValidationFailed(f"as_of_seq {as_of_seq} is beyond the head of the log ({head})")
     state = await replay(pool, job_id, to_seq=as_of_seq)
     if state is None:
         raise JobNotFound(f"job {job_id} did not exist at seq {as_of_seq}", job_id=job_id)
-    at = await pool.fetchval("SELECT recorded_at FROM events WHERE seq = $1", as_of_seq)
+    at = await store.recorded_at(pool, as_of_seq)
+    assert at is not None  # as_of_seq is within the head, and the log has no gaps
     return job_commands.view(state, at)
 
-
-async def sweep_once(app: Litestar, limit: int = 100) -> int:
-    """Submit an expiry command for each job whose lease has run out; returns how many ended."""
-    rows = await app.state.pool.fetch(
-        "SELECT job_id FROM job_leases WHERE expires_at < now() ORDER BY expires_at LIMIT $1", limit
-    )
-    ended = 0
-    for r in rows:
-        if await app.state.writer.submit(job_commands.expire_lease(r["job_id"])) is not None:
-            ended += 1
-    return ended
-
-
-async def _sweeper(app: Litestar) -> None:
-    interval = float(app.state.settings.sweep_interval_seconds)
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            n = await sweep_once(app)
-            if n:
-                log.warning("ended %d job(s) whose runner stopped heartbeating", n)
-        except asyncio.CancelledError:
-            raise
-        except WriterUnavailable:
-            return
-        except Exception:
-            log.exception("job sweeper pass failed")
-
-
-def startup(app: Litestar) -> None:
-    app.state.background.append(asyncio.create_task(_sweeper(app), name="taskledger-jobs-sweeper"))

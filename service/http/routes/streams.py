@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import resource
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -20,20 +19,21 @@ from typing import Annotated, Any, Final
 
 import anyio
 import asyncpg
-from litestar import Controller, Litestar, Request, Response, get
+from litestar import Controller, Request, Response, get
 from litestar.exceptions import HTTPException
 from litestar.params import FromPath, HeaderParameter, Parameter
 from litestar.types import ASGIApp, Receive, Scope, Send
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 
+from taskledger import log as store
 from taskledger.events.errors import JobNotFound, TaskNotFound, ValidationFailed
-from taskledger.service.http import server_signals
-from taskledger.service.http.auth import Principal
+from taskledger.service.http.deps import HubDep, PoolDep, SettingsDep, TokensDep
 from taskledger.service.http.live import Filter, Hub, Refusal, Row, frame
 from taskledger.service.http.problems import problem
 from taskledger.service.http.routes.common import MAX_STREAM_SEQ, SinceSeq, StreamSinceSeq, check_id, split_types
 from taskledger.service.settings import Settings
+from taskledger.service.tokens import Principal, TokenStore
 
 log = logging.getLogger("taskledger.sse")
 
@@ -147,13 +147,14 @@ class _Stream:
 class StreamRefused(Exception):
     """A stream that cannot be admitted now; answered at once, with Retry-After."""
 
-    def __init__(self, why: Refusal) -> None:
+    def __init__(self, why: Refusal, settings: Settings) -> None:
         super().__init__(why)
         self.why = why
+        self.settings = settings
 
 
-def _refused(request: Request[Any, Any, Any], exc: StreamRefused) -> Response[Any]:
-    settings: Settings = request.app.state.settings
+def _refused(_: Request[Any, Any, Any], exc: StreamRefused) -> Response[Any]:
+    settings = exc.settings
     if exc.why == "capacity":
         r = problem(503, "too_many_streams", "Too many streams",
                     f"this server process already holds its maximum of {settings.max_streams} streams; "
@@ -171,32 +172,29 @@ def _stream_key(request: Request[Any, Any, Any]) -> str:
     return user.token_hash if isinstance(user, Principal) else "anonymous"
 
 
-def _admissible(request: Request[Any, Any, Any]) -> None:
+def _admissible(request: Request[Any, Any, Any], hub: Hub, settings: Settings) -> None:
     """Refuse a stream before any database work when the caps are already reached."""
-    hub: Hub = request.app.state.hub
-    settings: Settings = request.app.state.settings
     if hub.closed:
         raise HTTPException(status_code=503, detail="the service is shutting down",
                             headers={"Retry-After": str(settings.stream_retry_after_seconds)})
     why = hub.refusal(_stream_key(request), settings.max_streams_per_token)
     if why is not None:
         hub.count_refusal(why)
-        raise StreamRefused(why)
+        raise StreamRefused(why, settings)
 
 
-def _open(request: Request[Any, Any, Any], flt: Filter, pos: int, by_stream_seq: bool) -> ASGIApp:
-    hub: Hub = request.app.state.hub
-    settings: Settings = request.app.state.settings
-    _admissible(request)
+def _open(request: Request[Any, Any, Any], hub: Hub, settings: Settings, tokens: TokenStore,
+          flt: Filter, pos: int, by_stream_seq: bool) -> ASGIApp:
+    _admissible(request, hub, settings)
     key = _stream_key(request)
     why = hub.acquire_stream(key, settings.max_streams_per_token)
     if why is not None:  # taken meanwhile, while this request read the database
         hub.count_refusal(why)
-        raise StreamRefused(why)
+        raise StreamRefused(why, settings)
     # sse-starlette sets `stop` when the server is shutting down (uvicorn); the
     # stream then ends cleanly within the grace period instead of being cut.
     stop = anyio.Event()
-    request.app.state.tokens.watch(request.user, stop)  # a revoked or expired token's streams end
+    tokens.watch(request.user, stop)  # a revoked or expired token's streams end
     response = _EventSource(
         _events(hub, flt, pos, by_stream_seq, stop),
         ping=settings.sse_keepalive_seconds,
@@ -208,34 +206,23 @@ def _open(request: Request[Any, Any, Any], flt: Filter, pos: int, by_stream_seq:
     return _Stream(response, hub, key)
 
 
-async def _head(pool: asyncpg.Pool) -> int:
-    return int(await pool.fetchval("SELECT seq FROM log_head WHERE id = 1") or 0)
-
-
 async def _one_stream(
-    request: Request[Any, Any, Any], stream: str, cursor: int | None, types: str | None,
-    missing: type[TaskNotFound] | type[JobNotFound],
+    request: Request[Any, Any, Any], pool: asyncpg.Pool, hub: Hub, settings: Settings, tokens: TokenStore,
+    stream: str, cursor: int | None, types: str | None, missing: type[TaskNotFound] | type[JobNotFound],
 ) -> ASGIApp:
-    _admissible(request)
-    pool: asyncpg.Pool = request.app.state.pool
+    _admissible(request, hub, settings)
     if cursor is not None and cursor > MAX_STREAM_SEQ:
         raise ValidationFailed(f"cursor {cursor} is beyond any stream_seq ({MAX_STREAM_SEQ})")
-    row = await pool.fetchrow(
-        "SELECT (SELECT seq FROM log_head WHERE id = 1) AS head, "
-        "(SELECT max(stream_seq) FROM events WHERE stream = $1) AS last, "
-        "(SELECT seq FROM events WHERE stream = $1 AND stream_seq = $2) AS at",
-        stream, cursor or 0,
-    )
-    assert row is not None
-    if row["last"] is None:
+    head, last, at = await store.stream_position(pool, stream, cursor or 0)
+    if last is None:
         raise missing(f"{stream} has no events")
     if cursor is None:
-        pos = int(row["head"])
-    elif cursor > row["last"]:
-        raise ValidationFailed(f"cursor {cursor} is beyond the last stream_seq of {stream} ({row['last']})")
+        pos = head
+    elif cursor > last:
+        raise ValidationFailed(f"cursor {cursor} is beyond the last stream_seq of {stream} ({last})")
     else:
-        pos = int(row["at"]) if cursor > 0 else 0
-    return _open(request, Filter(split_types(types), stream=stream), pos, by_stream_seq=True)
+        pos = int(at) if cursor > 0 and at is not None else 0
+    return _open(request, hub, settings, tokens, Filter(split_types(types), stream=stream), pos, by_stream_seq=True)
 
 
 class StreamController(Controller):
@@ -247,6 +234,10 @@ class StreamController(Controller):
     async def feed(
         self,
         request: Request[Any, Any, Any],
+        pool: PoolDep,
+        hub: HubDep,
+        settings: SettingsDep,
+        tokens: TokensDep,
         *,
         since_seq: SinceSeq = None,
         last_event_id: LastEventId = None,
@@ -254,55 +245,36 @@ class StreamController(Controller):
         stream: StreamName = None,
         project: Project = None,
     ) -> ASGIApp:
-        _admissible(request)
+        _admissible(request, hub, settings)
         cursor = _cursor(since_seq, last_event_id)
-        head = await _head(request.app.state.pool)
+        head = (await store.head(pool)).seq
         if cursor is not None and cursor > head:
             raise ValidationFailed(f"cursor {cursor} is beyond the head of the log ({head})")
         flt = Filter(split_types(types), stream=stream, project=project)
-        return _open(request, flt, head if cursor is None else cursor, by_stream_seq=False)
+        return _open(request, hub, settings, tokens, flt, head if cursor is None else cursor, by_stream_seq=False)
 
     @get("/tasks/{task_id:str}/stream", operation_id="streamTask", media_type="text/event-stream",
          summary="Follow one task's stream over SSE (cursor: stream_seq)")
     async def task(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str], *, since_seq: StreamSinceSeq = None,
+        self, request: Request[Any, Any, Any], pool: PoolDep, hub: HubDep, settings: SettingsDep, tokens: TokensDep,
+        task_id: FromPath[str], *, since_seq: StreamSinceSeq = None,
         last_event_id: LastEventId = None, types: Types = None,
     ) -> ASGIApp:
         check_id(task_id, "task id")
-        return await _one_stream(request, f"task:{task_id}", _cursor(since_seq, last_event_id), types,
-                                 TaskNotFound)
+        return await _one_stream(request, pool, hub, settings, tokens, f"task:{task_id}",
+                                 _cursor(since_seq, last_event_id), types, TaskNotFound)
 
     @get("/jobs/{job_id:str}/stream", operation_id="streamJob", media_type="text/event-stream",
          summary="Follow one job's stream over SSE (cursor: stream_seq)")
     async def job(
-        self, request: Request[Any, Any, Any], job_id: FromPath[str], *, since_seq: StreamSinceSeq = None,
+        self, request: Request[Any, Any, Any], pool: PoolDep, hub: HubDep, settings: SettingsDep, tokens: TokensDep,
+        job_id: FromPath[str], *, since_seq: StreamSinceSeq = None,
         last_event_id: LastEventId = None, types: Types = None,
     ) -> ASGIApp:
         check_id(job_id, "job id")
-        return await _one_stream(request, f"job:{job_id}", _cursor(since_seq, last_event_id), types,
-                                 JobNotFound)
+        return await _one_stream(request, pool, hub, settings, tokens, f"job:{job_id}",
+                                 _cursor(since_seq, last_event_id), types, JobNotFound)
 
 
 ROUTES = [StreamController]
 
-
-async def startup(app: Litestar) -> None:
-    settings: Settings = app.state.settings
-    assert settings.database_url is not None
-    hub = Hub(
-        settings.database_url, app.state.pool,
-        poll_seconds=settings.sse_poll_seconds, queue_max=settings.sse_queue_max,
-        max_streams=settings.max_streams, metrics=app.state.metrics,
-    )
-    await hub.start()
-    hub.register_metrics(app.state.metrics)
-    app.state.metrics.gauge("process_open_files_limit", lambda: resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-    app.state.hub = hub
-    app.state.commit_listeners.append(hub.notify)
-    server_signals.on_shutdown(hub.end_streams)
-
-
-async def shutdown(app: Litestar) -> None:
-    hub: Hub | None = app.state.get("hub")
-    if hub is not None:
-        await hub.stop()

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import msgspec
-from litestar import Controller, Litestar, Request, Response, delete, get, post
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import JSONBody, Parameter, QueryParameter
 
-from taskledger.events import store
+from taskledger import log as store
 from taskledger.events.errors import NotFound, ValidationFailed
-from taskledger.service.http import server_signals
-from taskledger.service.http.auth import Principal, TokenInfo, create_token, list_tokens, requires, revoke_token
+from taskledger.service.http.auth import requires
+from taskledger.service.http.deps import DrainingDep, MetricsDep, PoolDep, WriterDep
 from taskledger.service.http.routes.common import SinceSeq, known_query_only, split_types
+from taskledger.service.tokens import Principal, TokenInfo, create_token, list_tokens, revoke_token
 
 log = logging.getLogger("taskledger.system")
 
@@ -57,51 +57,49 @@ class SystemController(Controller):
         return {"status": "ok"}
 
     @get("/readyz", operation_id="readyz", tags=["system"])
-    async def readyz(self, request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
-        state = request.app.state
-        if state.draining:
+    async def readyz(self, pool: PoolDep, writer: WriterDep, draining: DrainingDep) -> Response[dict[str, Any]]:
+        if draining:
             # Told to stop: out of the balancer's rotation first, still serving.
             return Response({"status": "draining"}, status_code=503)
         try:
-            head = await state.pool.fetchval("SELECT seq FROM log_head WHERE id = 1")
+            head = (await store.head(pool)).seq
         except Exception as e:  # readiness reports, never raises
             # the driver's text names hosts, sockets and users: the log has it
             log.warning("readiness check: the database is not reachable: %r", e)
             return Response({"status": "unavailable", "detail": "the database is not reachable"},
                             status_code=503, headers={"Retry-After": "1"})
-        if not state.writer.alive:
+        if not writer.alive:
             return Response({"status": "unavailable", "detail": "writer stopped"}, status_code=503,
                             headers={"Retry-After": "1"})
         return Response({"status": "ready", "head_seq": head}, status_code=200)
 
     @get("/metrics", operation_id="metrics", tags=["system"], media_type="text/plain; version=0.0.4")
-    async def metrics(self, request: Request[Any, Any, Any]) -> str:
-        state = request.app.state
-        text: bytes = await state.metrics.render(state.pool)
+    async def metrics(self, pool: PoolDep, metrics: MetricsDep) -> str:
+        text: bytes = await metrics.render(pool)
         return text.decode()
 
     @post("/tokens", operation_id="createToken", tags=["auth"], guards=[requires("admin")], status_code=201)
-    async def create(self, request: Request[Any, Any, Any], data: JSONBody[TokenRequest]) -> TokenResponse:
+    async def create(self, pool: PoolDep, data: JSONBody[TokenRequest]) -> TokenResponse:
         if data.role == "worker" and data.node is None:
             raise ValidationFailed("a worker token needs a node")
-        new = await create_token(request.app.state.pool, role=data.role, name=data.name, node=data.node,
+        new = await create_token(pool, role=data.role, name=data.name, node=data.node,
                                  expires_in_seconds=data.expires_in_seconds)
         return TokenResponse(id=new.id, token=new.token, name=data.name, role=data.role, node=data.node,
                              expires_at=new.expires_at)
 
     @get("/tokens", operation_id="listTokens", tags=["auth"], guards=[requires("admin")])
-    async def list_tokens(self, request: Request[Any, Any, Any]) -> TokenList:
-        return TokenList(tokens=await list_tokens(request.app.state.pool))
+    async def list_tokens(self, pool: PoolDep) -> TokenList:
+        return TokenList(tokens=await list_tokens(pool))
 
     @delete("/tokens/{token_id:int}", operation_id="revokeToken", tags=["auth"], guards=[requires("admin")],
             status_code=200)
     async def revoke(
-        self, request: Request[Any, Any, Any],
+        self, pool: PoolDep,
         token_id: Annotated[int, Parameter(ge=1, le=2**62)],
     ) -> TokenInfo:
         """Revoke a token: every replica refuses it within a second, and its open
         streams end. Revoking again answers the same record."""
-        info = await revoke_token(request.app.state.pool, token_id)
+        info = await revoke_token(pool, token_id)
         if info is None:
             raise TokenNotFound(f"token {token_id} does not exist")
         return info
@@ -110,6 +108,7 @@ class SystemController(Controller):
     async def events(
         self,
         request: Request[Any, Any, Any],
+        pool: PoolDep,
         since_seq: SinceSeq = None,
         limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 1000,
         types: Annotated[str | None, QueryParameter(max_length=4000)] = None,
@@ -117,7 +116,6 @@ class SystemController(Controller):
         project: Annotated[str | None, QueryParameter(max_length=200)] = None,
     ) -> EventPage:
         assert isinstance(request.user, Principal)
-        pool = request.app.state.pool
         head_seq, _ = await store.head(pool)
         since = since_seq or 0
         if since > head_seq:
@@ -136,35 +134,3 @@ class SystemController(Controller):
         )
 ROUTES = [SystemController]
 
-
-async def _forget_old_idempotency_keys(app: Any) -> None:
-    """Delete idempotency keys past their TTL (lookups ignore them already), a
-    bounded batch at a time, so the table stays the size of a day's writes."""
-    state = app.state
-    ttl = float(state.settings.idempotency_ttl_seconds)
-    while True:
-        try:
-            n = await state.pool.fetchval(
-                "WITH old AS (SELECT token_hash, key FROM idempotency_keys "
-                "WHERE created_at < now() - make_interval(secs => $1) LIMIT 10000), "
-                "gone AS (DELETE FROM idempotency_keys i USING old "
-                "WHERE i.token_hash = old.token_hash AND i.key = old.key RETURNING 1) "
-                "SELECT count(*) FROM gone", ttl)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the database is down: try again later
-            log.warning("forgetting old idempotency keys failed: %r", e)
-            n = 0
-        await asyncio.sleep(1 if n else min(60.0, max(ttl / 10, 1.0)))
-
-
-def startup(app: Litestar) -> None:
-    state = app.state
-    state.draining = False
-
-    def drain() -> None:
-        state.draining = True
-
-    server_signals.on_drain(drain)
-    app.state.background.append(
-        asyncio.create_task(_forget_old_idempotency_keys(app), name="taskledger-idempotency-ttl"))

@@ -20,11 +20,12 @@ from litestar.params import JSONBody
 from taskledger.events.task.state import TaskState
 from taskledger.projections import tasks as views
 from taskledger.service.http.auth import requires
+from taskledger.service.http.deps import CommandRunnerDep, PoolDep, SettingsDep
 from taskledger.service.http.problems import problem
 from taskledger.service.http.routes.common import known_query_only, respond
 from taskledger.service.http.routes.tasks import ClaimBody, CreateTask, default_escalation, to_new_task, viewer
 from taskledger.service.writer import tasks as cmds
-from taskledger.service.writer.commands import ctx_of, run
+from taskledger.service.writer.commands import ctx_of
 
 MAX_BATCH = 1000
 MAX_CLAIM = 100
@@ -64,28 +65,35 @@ class TaskBatchController(Controller):
 
     @post("/batch", operation_id="createTasks", guards=[requires("producer")], status_code=201,
           exception_handlers={ValidationException: _indexed_validation})
-    async def create_batch(self, request: Request[Any, Any, Any], data: JSONBody[CreateBatch]) -> Response[Any]:
+    async def create_batch(
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, settings: SettingsDep,
+        data: JSONBody[CreateBatch],
+    ) -> Response[Any]:
         """Create up to 1,000 tasks in one transaction, answered in order. `Idempotency-Key`
         covers the whole batch. Sub-tasks of one parent in one batch join one round."""
         ctx = ctx_of(request)
         ts = [to_new_task(b, parent_task_id=b.parent_task_id) for b in data.tasks]
-        esc, who = default_escalation(request), viewer(ctx)
+        esc, who = default_escalation(settings), viewer(ctx)
 
         async def fn(u: Any) -> TaskBatch:
             made = await cmds.create_many(u, ctx, ts, default_escalation=esc, indexed=True)
             return TaskBatch(tasks=[views.visible_to(s, who) for s in made])
 
         ids = {i: None for t in ts for i in (t.id, t.parent_task_id) if i}
-        return respond(await run(request, ctx, fn, status=201, prefetch=[("tasks", i) for i in ids]), 201)
+        return respond(
+            await command_runner.run(request, ctx, fn, status=201, prefetch=[("tasks", i) for i in ids]), 201)
 
     @post("/claim/batch", operation_id="claimTasks", guards=[requires("worker")], status_code=200)
-    async def claim_batch(self, request: Request[Any, Any, Any], data: JSONBody[ClaimBatch]) -> Response[Any]:
+    async def claim_batch(
+        self, request: Request[Any, Any, Any], pool: PoolDep, command_runner: CommandRunnerDep,
+        data: JSONBody[ClaimBatch],
+    ) -> Response[Any]:
         """Claim up to `max` tasks at once, each with a lease of its own; `{"tasks": []}`
         when there is nothing to claim."""
         ctx = ctx_of(request)
         types = list(dict.fromkeys(data.task_types))
         if ctx.idempotency_key is None and not await cmds.anything_to_claim(
-                request.app.state.pool, ctx, task_types=types, projects=data.projects):
+                pool, ctx, task_types=types, projects=data.projects):
             return respond(TaskBatch(tasks=[]))
 
         async def fn(u: Any) -> TaskBatch:
@@ -93,7 +101,7 @@ class TaskBatchController(Controller):
                 u, ctx, task_types=types, projects=data.projects, lease_seconds=data.lease_seconds,
                 limit=data.max))
 
-        return respond(await run(request, ctx, fn))
+        return respond(await command_runner.run(request, ctx, fn))
 
 
 ROUTES = [TaskBatchController]

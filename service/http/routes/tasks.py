@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -12,7 +11,7 @@ import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from taskledger.events import store
+from taskledger import log as store
 from taskledger.events.errors import TaskNotFound, ValidationFailed
 from taskledger.events.task.events import Requirement, RequirementVerdict, Verification
 from taskledger.events.task.panel import Verdict
@@ -20,10 +19,12 @@ from taskledger.events.task.rounds import Review
 from taskledger.events.task.rules import NewTask
 from taskledger.events.task.state import StateName, TaskState
 from taskledger.projections import tasks as views
-from taskledger.service.http.auth import Principal, requires
+from taskledger.service.http.auth import requires
+from taskledger.service.http.deps import CommandRunnerDep, PoolDep, SettingsDep
 from taskledger.service.http.routes.common import ID_PATTERN, StreamSinceSeq, check_id, known_query_only, respond
+from taskledger.service.settings import Settings
 from taskledger.service.writer import tasks as cmds
-from taskledger.service.writer.commands import Ctx, ctx_of, run
+from taskledger.service.writer.commands import Ctx, ctx_of
 from taskledger.service.writer.engine import UnitOfWork
 
 log = logging.getLogger("taskledger.tasks")
@@ -189,8 +190,8 @@ class BlockerList(msgspec.Struct, kw_only=True):
     blockers: list[Any]
 
 
-def default_escalation(request: Request[Any, Any, Any]) -> int:
-    return int(request.app.state.settings.escalate_after_seconds)
+def default_escalation(settings: Settings) -> int:
+    return int(settings.escalate_after_seconds)
 
 
 def viewer(ctx: Ctx) -> str | None:
@@ -213,18 +214,23 @@ class TaskController(Controller):
     guards = [known_query_only]
 
     @post("/", operation_id="createTask", guards=[requires("producer")], status_code=201)
-    async def create(self, request: Request[Any, Any, Any], data: JSONBody[CreateTask]) -> Response[Any]:
+    async def create(
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, settings: SettingsDep,
+        data: JSONBody[CreateTask],
+    ) -> Response[Any]:
         ctx = ctx_of(request)
         t = to_new_task(data, parent_task_id=data.parent_task_id)
-        esc = default_escalation(request)
+        esc = default_escalation(settings)
         ids = [t.id, t.parent_task_id] if t.parent_task_id else [t.id]
-        return respond(await run(request, ctx, seen_by(ctx, lambda u: cmds.create(u, ctx, t, default_escalation=esc)),
-                                 status=201, prefetch=[("tasks", i) for i in ids]), 201)
+        return respond(await command_runner.run(
+            request, ctx, seen_by(ctx, lambda u: cmds.create(u, ctx, t, default_escalation=esc)),
+            status=201, prefetch=[("tasks", i) for i in ids]), 201)
 
     @get("/", operation_id="listTasks")
     async def list_tasks(
         self,
         request: Request[Any, Any, Any],
+        pool: PoolDep,
         task_state: Annotated[StateName | None, QueryParameter(name="state")] = None,
         project: Annotated[str | None, QueryParameter(max_length=128)] = None,
         parent_task_id: Annotated[str | None, QueryParameter(max_length=128)] = None,
@@ -237,64 +243,56 @@ class TaskController(Controller):
         limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
         after: Annotated[str | None, QueryParameter(max_length=128)] = None,
     ) -> TaskList:
-        pool = request.app.state.pool
         ctx = ctx_of(request)
-        clauses: list[str] = []
-        args: list[Any] = []
-        for col, val in (("t.state = $?", task_state), ("t.project = $?", project),
-                         ("t.parent_task_id = $?", parent_task_id), ("t.task_type = $?", task_type),
-                         ("t.assignee = $?", assignee), ("t.body->>'worker' = $?", worker),
-                         ("t.body->>'node' = $?", node), ("t.body->'labels' ? $?", label),
-                         ("(t.body->>'escalated')::boolean = $?", escalated)):
-            if val is not None:
-                args.append(val)
-                clauses.append(col.replace("$?", f"${len(args)}"))
+        cursor = None
         if after is not None:
             check_id(after, "after")
-            cursor = await pool.fetchval("SELECT created_seq FROM tasks WHERE id = $1", after)
+            cursor = await views.created_seq_of(pool, after)
             if cursor is None:
                 raise ValidationFailed(f"after: no task {after}")
-            args.append(cursor)
-            clauses.append(f"t.created_seq > ${len(args)}")
-        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-        args.append(viewer(ctx))
-        rows = await pool.fetch(
-            f"{views.view_sql(len(args))} {where} ORDER BY t.created_seq LIMIT {int(limit) + 1}", *args)
-        items = [msgspec.Raw(r["body"].encode()) for r in rows[:limit]]
+        flt = views.TaskFilter(state=task_state, project=project, parent_task_id=parent_task_id,
+                               task_type=task_type, assignee=assignee, worker=worker, node=node, label=label,
+                               escalated=escalated)
+        rows = await views.list_views(pool, flt, viewer=viewer(ctx), after_created_seq=cursor, limit=limit + 1)
+        items = [msgspec.Raw(body.encode()) for body in rows[:limit]]
         next_after = None
         if len(rows) > limit:
-            next_after = msgspec.json.decode(rows[limit - 1]["body"])["id"]
+            next_after = msgspec.json.decode(rows[limit - 1])["id"]
         return TaskList(tasks=items, next_after=next_after)
 
     @post("/claim", operation_id="claimTask", guards=[requires("worker")], status_code=200)
-    async def claim(self, request: Request[Any, Any, Any], data: JSONBody[ClaimBody]) -> Response[Any]:
+    async def claim(
+        self, request: Request[Any, Any, Any], pool: PoolDep, command_runner: CommandRunnerDep,
+        data: JSONBody[ClaimBody],
+    ) -> Response[Any]:
         ctx = ctx_of(request)
         types = list(dict.fromkeys(data.task_types))
         if ctx.idempotency_key is None and not await cmds.anything_to_claim(
-                request.app.state.pool, ctx, task_types=types, projects=data.projects):
+                pool, ctx, task_types=types, projects=data.projects):
             return Response(content=b"", status_code=204)
-        result = await run(request, ctx, lambda u: cmds.claim(
+        result = await command_runner.run(request, ctx, lambda u: cmds.claim(
             u, ctx, task_types=types, projects=data.projects, lease_seconds=data.lease_seconds))
         if result is None:
             return Response(content=b"", status_code=204)
         return respond(result)
 
     @post("/collect", operation_id="collectTasks", guards=[requires("producer")], status_code=200)
-    async def collect(self, request: Request[Any, Any, Any], data: JSONBody[CollectBody]) -> Response[Any]:
+    async def collect(
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, data: JSONBody[CollectBody]
+    ) -> Response[Any]:
         ctx = ctx_of(request)
 
         async def fn(u: Any) -> CollectResult:
             return CollectResult(tasks=await cmds.collect(u, ctx, project=data.project, limit=data.limit))
 
-        return respond(await run(request, ctx, fn))
+        return respond(await command_runner.run(request, ctx, fn))
 
     @get("/{task_id:str}", operation_id="getTask")
     async def get_task(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str],
+        self, request: Request[Any, Any, Any], pool: PoolDep, task_id: FromPath[str],
         as_of_seq: Annotated[int | None, QueryParameter(ge=0, le=2**62)] = None,
     ) -> Response[Any]:
         check_id(task_id, "task id")
-        pool = request.app.state.pool
         if as_of_seq is not None:
             head, _ = await store.head(pool)
             if as_of_seq > head:
@@ -310,161 +308,137 @@ class TaskController(Controller):
 
     @get("/{task_id:str}/events", operation_id="getTaskEvents")
     async def events(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str], since_seq: StreamSinceSeq = None,
+        self, pool: PoolDep, task_id: FromPath[str], since_seq: StreamSinceSeq = None,
         limit: Annotated[int, QueryParameter(ge=1, le=10_000)] = 1000,
     ) -> StreamPage:
         check_id(task_id, "task id")
-        pool = request.app.state.pool
         stream = f"task:{task_id}"
-        last = await pool.fetchval("SELECT max(stream_seq) FROM events WHERE stream = $1", stream)
+        last = await store.stream_version(pool, stream)
         if last is None:
             raise TaskNotFound(f"task {task_id} does not exist", task_id=task_id)
         since = since_seq or 0
         if since > last:
             raise ValidationFailed(f"since_seq {since} is beyond the stream's last event ({last})")
-        rows = await pool.fetch(
-            f"SELECT {store.EVENT_ROW_SQL} FROM events WHERE stream = $1 "
-            f"AND stream_seq > $2 ORDER BY stream_seq LIMIT {int(limit)}", stream, since)
+        rows = await store.stream_rows(pool, stream, since, limit)
         return StreamPage(events=[msgspec.Raw(store.event_json(r).encode()) for r in rows],
                           next_seq=rows[-1]["stream_seq"] if rows else since)
 
     @post("/{task_id:str}/start", operation_id="startTask", guards=[requires("worker")], status_code=200)
     async def start(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[LeaseBody]
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, task_id: FromPath[str],
+        data: JSONBody[LeaseBody],
     ) -> Response[Any]:
         ctx = ctx_of(request)
         check_id(task_id, "task id")
-        return respond(await run(request, ctx, lambda u: cmds.start(u, ctx, task_id, lease_id=data.lease_id),
-                                 prefetch=[("tasks", task_id)]))
+        return respond(await command_runner.run(
+            request, ctx, lambda u: cmds.start(u, ctx, task_id, lease_id=data.lease_id), prefetch=[("tasks", task_id)]))
 
     @post("/{task_id:str}/heartbeat", operation_id="heartbeatTask", guards=[requires("worker")],
           status_code=200)
     async def heartbeat(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[HeartbeatBody]
+        self, request: Request[Any, Any, Any], pool: PoolDep, task_id: FromPath[str], data: JSONBody[HeartbeatBody]
     ) -> TaskState:
         ctx = ctx_of(request)
         check_id(task_id, "task id")
-        return await cmds.heartbeat(request.app.state.pool, ctx, task_id, lease_id=data.lease_id,
+        return await cmds.heartbeat(pool, ctx, task_id, lease_id=data.lease_id,
                                     lease_seconds=data.lease_seconds)
 
     @post("/{task_id:str}/complete", operation_id="completeTask", guards=[requires("worker")],
           status_code=200)
     async def complete(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[CompleteBody]
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, task_id: FromPath[str],
+        data: JSONBody[CompleteBody],
     ) -> Response[Any]:
         ctx = ctx_of(request)
         check_id(task_id, "task id")
         verdict = data.verdict()
-        return respond(await run(request, ctx, lambda u: cmds.complete(
+        return respond(await command_runner.run(request, ctx, lambda u: cmds.complete(
             u, ctx, task_id, lease_id=data.lease_id, result=data.result, verdict=verdict),
             prefetch=[("tasks", task_id)]))
 
     @post("/{task_id:str}/fail", operation_id="failTask", guards=[requires("worker")], status_code=200)
     async def fail(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[FailBody]
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, task_id: FromPath[str],
+        data: JSONBody[FailBody],
     ) -> Response[Any]:
         ctx = ctx_of(request)
         check_id(task_id, "task id")
-        return respond(await run(request, ctx, lambda u: cmds.fail(
+        return respond(await command_runner.run(request, ctx, lambda u: cmds.fail(
             u, ctx, task_id, lease_id=data.lease_id, error=data.error), prefetch=[("tasks", task_id)]))
 
     @post("/{task_id:str}/cancel", operation_id="cancelTask", guards=[requires("producer")], status_code=200)
     async def cancel(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[CancelBody | None] = None
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, task_id: FromPath[str],
+        data: JSONBody[CancelBody | None] = None,
     ) -> Response[Any]:
         ctx = ctx_of(request)
         check_id(task_id, "task id")
         reason = data.reason if data is not None else ""
-        return respond(await run(request, ctx, seen_by(ctx, lambda u: cmds.cancel(u, ctx, task_id, reason=reason)),
-                                 prefetch=[("tasks", task_id)]))
+        return respond(await command_runner.run(
+            request, ctx, seen_by(ctx, lambda u: cmds.cancel(u, ctx, task_id, reason=reason)),
+            prefetch=[("tasks", task_id)]))
 
     @post("/{task_id:str}/release", operation_id="releaseTask", guards=[requires("worker")], status_code=200)
     async def release(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[ReleaseBody]
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, task_id: FromPath[str],
+        data: JSONBody[ReleaseBody],
     ) -> Response[Any]:
         """The lease holder gives its claim back: pending again, no attempt spent."""
         ctx = ctx_of(request)
         check_id(task_id, "task id")
-        return respond(await run(request, ctx, lambda u: cmds.release(
+        return respond(await command_runner.run(request, ctx, lambda u: cmds.release(
             u, ctx, task_id, lease_id=data.lease_id, reason=data.reason), prefetch=[("tasks", task_id)]))
 
     @post("/{task_id:str}/reassign", operation_id="reassignTask", guards=[requires("producer")], status_code=200)
     async def reassign(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[ReassignBody]
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, task_id: FromPath[str],
+        data: JSONBody[ReassignBody],
     ) -> Response[Any]:
         """Directed work nobody took: give it to another worker, or to anyone (`null`)."""
         ctx = ctx_of(request)
         check_id(task_id, "task id")
-        return respond(await run(request, ctx, seen_by(ctx, lambda u: cmds.reassign(
+        return respond(await command_runner.run(request, ctx, seen_by(ctx, lambda u: cmds.reassign(
             u, ctx, task_id, assignee=data.assignee)), prefetch=[("tasks", task_id)]))
 
     @post("/{task_id:str}/unblock", operation_id="unblockTask", guards=[requires("producer")], status_code=200)
     async def unblock(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[UnblockBody | None] = None
+        self, request: Request[Any, Any, Any], command_runner: CommandRunnerDep, task_id: FromPath[str],
+        data: JSONBody[UnblockBody | None] = None,
     ) -> Response[Any]:
         ctx = ctx_of(request)
         check_id(task_id, "task id")
         body = data or UnblockBody()
-        return respond(await run(request, ctx, seen_by(ctx, lambda u: cmds.unblock(
+        return respond(await command_runner.run(request, ctx, seen_by(ctx, lambda u: cmds.unblock(
             u, ctx, task_id, action=body.action, notes=body.notes))))
 
     @post("/{task_id:str}/round-review", operation_id="reviewRound", guards=[requires("reviewer")],
           status_code=200)
     async def round_review(
-        self, request: Request[Any, Any, Any], task_id: FromPath[str], data: JSONBody[RoundReviewBody]
+        self, request: Request[Any, Any, Any], pool: PoolDep, command_runner: CommandRunnerDep, settings: SettingsDep,
+        task_id: FromPath[str], data: JSONBody[RoundReviewBody],
     ) -> Response[Any]:
         ctx = ctx_of(request)
         check_id(task_id, "task id")
-        parent_project = await request.app.state.pool.fetchval(
-            "SELECT project FROM tasks WHERE id = $1", task_id)
+        parent_project = await views.project_of(pool, task_id)
         subs = [to_new_task(b, parent_task_id=task_id, project=parent_project) for b in data.new_subtasks]
         review = Review(decision=data.decision, notes=data.notes, goal_clear=data.goal_clear,
                         coverage=data.coverage, next_round=data.next_round, new_subtasks=subs)
-        esc = default_escalation(request)
-        return respond(await run(request, ctx, seen_by(ctx, lambda u: cmds.round_review(
+        esc = default_escalation(settings)
+        return respond(await command_runner.run(request, ctx, seen_by(ctx, lambda u: cmds.round_review(
             u, ctx, task_id, review, default_escalation=esc))))
 
 
 @get("/blockers", operation_id="listBlockers", tags=["tasks"], guards=[known_query_only])
 async def list_blockers(
-    request: Request[Any, Any, Any],
+    pool: PoolDep,
     open: Annotated[bool | None, QueryParameter()] = None,
     project: Annotated[str | None, QueryParameter(max_length=128)] = None,
     task_id: Annotated[str | None, QueryParameter(max_length=128)] = None,
     limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
 ) -> BlockerList:
-    clauses, args = [], []
-    for col, val in (("open", open), ("project", project), ("task_id", task_id)):
-        if val is not None:
-            args.append(val)
-            clauses.append(f"{col} = ${len(args)}")
-    where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-    rows = await request.app.state.pool.fetch(
-        f"SELECT body::text AS body FROM blockers {where} ORDER BY opened_seq LIMIT {int(limit)}", *args)
-    return BlockerList(blockers=[msgspec.Raw(r["body"].encode()) for r in rows])
+    rows = await views.list_blockers(pool, open=open, project=project, task_id=task_id, limit=limit)
+    return BlockerList(blockers=[msgspec.Raw(body.encode()) for body in rows])
 
 
 ROUTES = [TaskController, list_blockers]
 
-
-def startup(app: Any) -> None:
-    """Register the batch prefetch for tasks and start this process's sweeper
-    (lease expiry and escalation)."""
-    state = app.state
-    state.writer.prefetchers["tasks"] = cmds.prefetch_tasks
-
-    async def loop() -> None:
-        interval = float(state.settings.sweep_interval_seconds)
-        sweeper = Principal(name="taskledger-sweeper", role="admin", node=None, token_hash="")
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                if await cmds.due_for_sweep(state.pool):
-                    ctx = Ctx(principal=sweeper, request_id=uuid.uuid4().hex)
-                    await state.writer.submit(lambda u, ctx=ctx: cmds.sweep(u, ctx))
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("task sweep failed")
-
-    state.background.append(asyncio.create_task(loop(), name="taskledger-task-sweeper"))

@@ -10,11 +10,13 @@ import msgspec
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from taskledger.events import store
+from taskledger import log as store
 from taskledger.events.errors import NotFound, ValidationFailed
-from taskledger.service.http.auth import Principal, requires
+from taskledger.service.http.auth import requires
+from taskledger.service.http.deps import PoolDep
 from taskledger.service.http.routes.common import check_id
-from taskledger.service.ops.webhooks import ISSUE_TYPES, Deliverer
+from taskledger.service.ops.webhooks import ISSUE_TYPES
+from taskledger.service.tokens import Principal
 
 Url = Annotated[str, msgspec.Meta(min_length=8, max_length=2000, pattern=r"^https?://[^\s/?#]+[^\s]*$")]
 EventType = Annotated[str, msgspec.Meta(min_length=1, max_length=100, pattern=r"^[a-z_]+(\.[a-z_]*)?$")]
@@ -80,7 +82,9 @@ class WebhookController(Controller):
     guards = [requires("admin")]
 
     @post("/", operation_id="createWebhook", status_code=201)
-    async def create(self, request: Request[Any, Any, Any], data: JSONBody[CreateWebhook]) -> WebhookView:
+    async def create(
+        self, request: Request[Any, Any, Any], pool: PoolDep, data: JSONBody[CreateWebhook]
+    ) -> WebhookView:
         """Events after `since_seq` (default: from now) that match `types` (empty: all)
         are POSTed to `url` in order, signed with `secret`. `format: "issue"` sends
         each `task.blocked` as a tracker issue (`title`, `body`, `labels`)."""
@@ -89,7 +93,6 @@ class WebhookController(Controller):
             types = types or list(ISSUE_TYPES)
             if any(t not in ISSUE_TYPES for t in types):
                 raise ValidationFailed(f"an issue webhook takes only {', '.join(ISSUE_TYPES)}")
-        pool = request.app.state.pool
         head, _ = await store.head(pool)
         since = head if data.since_seq is None else data.since_seq
         if since > head:
@@ -103,27 +106,26 @@ class WebhookController(Controller):
         return _view(row)
 
     @get("/", operation_id="listWebhooks")
-    async def list_webhooks(self, request: Request[Any, Any, Any]) -> WebhookList:
-        rows = await request.app.state.pool.fetch(f"SELECT {_COLUMNS} FROM webhooks ORDER BY created_at, id")
+    async def list_webhooks(self, pool: PoolDep) -> WebhookList:
+        rows = await pool.fetch(f"SELECT {_COLUMNS} FROM webhooks ORDER BY created_at, id")
         return WebhookList(webhooks=[_view(r) for r in rows])
 
     @delete("/{webhook_id:str}", operation_id="deleteWebhook", status_code=204)
-    async def remove(self, request: Request[Any, Any, Any], webhook_id: FromPath[str]) -> Response[None]:
+    async def remove(self, pool: PoolDep, webhook_id: FromPath[str]) -> Response[None]:
         """Stop delivering and forget the webhook with its attempts."""
         check_id(webhook_id, "webhook id")
-        status = await request.app.state.pool.execute("DELETE FROM webhooks WHERE id = $1", webhook_id)
+        status = await pool.execute("DELETE FROM webhooks WHERE id = $1", webhook_id)
         if status != "DELETE 1":
             raise WebhookNotFound(f"webhook {webhook_id} does not exist")
         return Response(content=None, status_code=204)
 
     @get("/{webhook_id:str}/deliveries", operation_id="listWebhookDeliveries")
     async def deliveries(
-        self, request: Request[Any, Any, Any], webhook_id: FromPath[str],
+        self, pool: PoolDep, webhook_id: FromPath[str],
         limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
     ) -> DeliveryList:
         """The latest delivery attempts, newest first."""
         check_id(webhook_id, "webhook id")
-        pool = request.app.state.pool
         async with pool.acquire() as c, c.transaction(isolation="repeatable_read", readonly=True):
             if not await c.fetchval("SELECT 1 FROM webhooks WHERE id = $1", webhook_id):
                 raise WebhookNotFound(f"webhook {webhook_id} does not exist")
@@ -138,17 +140,3 @@ class WebhookController(Controller):
 
 ROUTES = [WebhookController]
 
-
-def startup(app: Any) -> None:
-    """Start this replica's delivery worker, woken by its own commits."""
-    state = app.state
-    deliverer = Deliverer(state.settings.database_url, state.pool, state.settings)
-    state.webhooks = deliverer
-    state.commit_listeners.append(deliverer.wake)
-    deliverer.start()
-
-
-async def shutdown(app: Any) -> None:
-    deliverer = app.state.get("webhooks")
-    if deliverer is not None:
-        await deliverer.stop()

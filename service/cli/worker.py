@@ -20,11 +20,14 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable
 from typing import Any
 
-import httpx
+import msgspec
 
-from taskledger.service.cli.main import add_client_flags, command_env
+from taskledger.client import AsyncClient, Conflict, Task, TaskledgerError, TransportError, Verdict
+from taskledger.client.models import Category, Outcome
+from taskledger.service.cli.common import add_client_flags, command_env
 
 TAIL = 4000
 
@@ -36,8 +39,8 @@ class LeaseLost(Exception):
 class Worker:
     def __init__(self, url: str, token: str, *, task_types: list[str], projects: list[str] | None,
                  lease_seconds: int, command_timeout: float, out: Any = sys.stdout) -> None:
-        self.http = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-        self.task_types = task_types
+        self.client = AsyncClient(url, token)
+        self.task_types: list[Any] = task_types
         self.projects = projects
         self.lease_seconds = lease_seconds
         self.command_timeout = command_timeout
@@ -47,45 +50,38 @@ class Worker:
         print(json.dumps(fields), file=self.out, flush=True)
 
     async def close(self) -> None:
-        await self.http.aclose()
+        await self.client.aclose()
 
-    async def claim(self) -> dict[str, Any] | None:
-        body: dict[str, Any] = {"task_types": self.task_types, "lease_seconds": self.lease_seconds}
-        if self.projects:
-            body["projects"] = self.projects
-        r = await self.http.post("/tasks/claim", json=body)
-        if r.status_code == 204:
-            return None
-        r.raise_for_status()
-        task: dict[str, Any] = r.json()
-        return task
-
-    async def claim_many(self, n: int) -> list[dict[str, Any]]:
-        """Up to `n` tasks in one call, each with its own lease."""
+    async def claim_many(self, n: int) -> list[Task]:
+        """Up to `n` tasks, each with its own lease (in one call when more than one). A
+        poll that finds nothing is a read on the service: no Idempotency-Key."""
         if n == 1:
-            one = await self.claim()
+            one = await self.client.claim(task_types=self.task_types, projects=self.projects,
+                                          lease_seconds=self.lease_seconds, idempotent=False)
             return [one] if one is not None else []
-        body: dict[str, Any] = {"task_types": self.task_types, "lease_seconds": self.lease_seconds, "max": n}
-        if self.projects:
-            body["projects"] = self.projects
-        r = await self.http.post("/tasks/claim/batch", json=body)
-        r.raise_for_status()
-        tasks: list[dict[str, Any]] = r.json()["tasks"]
-        return tasks
+        return (await self.client.claim_batch(n, task_types=self.task_types, projects=self.projects,
+                                              lease_seconds=self.lease_seconds, idempotent=False)).tasks
 
-    async def post(self, task: dict[str, Any], action: str, **body: Any) -> httpx.Response:
-        return await self.http.post(f"/tasks/{task['id']}/{action}", json={"lease_id": task["lease_id"], **body})
+    async def answer(self, call: Awaitable[Task]) -> tuple[int, Task | None, str]:
+        """A report on a task we hold: 200 and the view, or the refusal's status, None
+        and its problem. An unreachable service is no refusal: that error goes on up."""
+        try:
+            return 200, await call, ""
+        except TransportError:
+            raise
+        except TaskledgerError as e:
+            return e.status, None, msgspec.json.encode(e.problem).decode() if e.problem else e.detail
 
-    async def run_command(self, task: dict[str, Any], command: str) -> tuple[int, str, float]:
+    async def run_command(self, task: Task, command: str) -> tuple[int, str, float]:
         """Run `command` with the shell while heartbeating; returns (exit code, output tail, seconds)."""
         # A verifier's checks learn which checker of the panel they run for (so a
         # panel's checkers can differ) and whose work they judge.
-        env = command_env(TASKLEDGER_TASK_ID=task["id"], TASKLEDGER_ATTEMPT=str(task.get("attempt", 1)),
-                          TASKLEDGER_TASK_TYPE=task.get("task_type") or "implement",
-                          TASKLEDGER_CHECKER=task.get("checker") or "",
-                          TASKLEDGER_PARENT_TASK_ID=task.get("parent_task_id") or "",
-                          TASKLEDGER_NOTES=task.get("operator_notes") or "",
-                          TASKLEDGER_REWORK_NOTES=json.dumps(task.get("rework_notes") or []))
+        env = command_env(TASKLEDGER_TASK_ID=task.id, TASKLEDGER_ATTEMPT=str(task.attempt),
+                          TASKLEDGER_TASK_TYPE=task.task_type or "implement",
+                          TASKLEDGER_CHECKER=task.checker or "",
+                          TASKLEDGER_PARENT_TASK_ID=task.parent_task_id or "",
+                          TASKLEDGER_NOTES=task.operator_notes or "",
+                          TASKLEDGER_REWORK_NOTES=json.dumps(msgspec.to_builtins(task.rework_notes)))
         start = time.monotonic()
         proc = await asyncio.create_subprocess_shell(
             command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
@@ -109,67 +105,72 @@ class Worker:
             if proc.returncode is None:
                 _kill(proc)
 
-    async def _heartbeat(self, task: dict[str, Any]) -> None:
+    async def _heartbeat(self, task: Task) -> None:
         interval = max(1.0, self.lease_seconds / 3)
         while True:
             await asyncio.sleep(interval)
-            r = await self.post(task, "heartbeat")
-            if r.status_code == 409:
-                raise LeaseLost(r.json().get("detail", "lease lost"))
+            try:
+                await self.client.heartbeat(task.id, task.lease_id or "")
+            except Conflict as e:
+                raise LeaseLost(e.detail or "lease lost") from e
+            except TransportError:
+                raise
+            except TaskledgerError:
+                pass  # not a lost lease: keep working, and beat again
 
-    async def work_one(self, task: dict[str, Any]) -> None:
-        r = await self.post(task, "start")
-        if r.status_code != 200:
-            self.say(task=task["id"], event="start_refused", status=r.status_code, detail=r.text[:300])
+    async def work_one(self, task: Task) -> None:
+        status, _, problem = await self.answer(self.client.start(task.id, task.lease_id or ""))
+        if status != 200:
+            self.say(task=task.id, event="start_refused", status=status, detail=problem[:300])
             return
         try:
-            if task["task_type"] == "verify":
+            if task.task_type == "verify":
                 await self._verify(task)
             else:
                 await self._implement(task)
         except LeaseLost as e:
-            self.say(task=task["id"], event="lease_lost", detail=str(e))
+            self.say(task=task.id, event="lease_lost", detail=str(e))
 
-    async def _implement(self, task: dict[str, Any]) -> None:
-        spec = task.get("spec") or ""
+    async def _implement(self, task: Task) -> None:
+        lease = task.lease_id or ""
+        spec = task.spec or ""
         if not spec.strip():
-            r = await self.post(task, "fail", error="the task has no spec to run")
-            self.say(task=task["id"], event="failed", reason="empty spec", status=r.status_code)
+            status, _, _ = await self.answer(self.client.fail(task.id, lease, error="the task has no spec to run"))
+            self.say(task=task.id, event="failed", reason="empty spec", status=status)
             return
         code, output, seconds = await self.run_command(task, spec)
         if code == 0:
-            r = await self.post(task, "complete", result={"exit_code": 0, "output": output,
-                                                         "duration": round(seconds, 3)})
-            self.say(task=task["id"], event="completed", status=r.status_code,
-                     state=r.json().get("state") if r.status_code == 200 else None)
+            status, view, _ = await self.answer(self.client.complete(
+                task.id, lease, result={"exit_code": 0, "output": output, "duration": round(seconds, 3)}))
+            self.say(task=task.id, event="completed", status=status, state=view.state if view else None)
         else:
-            r = await self.post(task, "fail", error=f"exit {code}: {output[-1000:]}")
-            self.say(task=task["id"], event="failed", exit_code=code, status=r.status_code)
+            status, _, _ = await self.answer(self.client.fail(task.id, lease, error=f"exit {code}: {output[-1000:]}"))
+            self.say(task=task.id, event="failed", exit_code=code, status=status)
 
-    async def _verify(self, task: dict[str, Any]) -> None:
-        verdicts: list[dict[str, Any]] = []
+    async def _verify(self, task: Task) -> None:
+        verdicts: list[Verdict] = []
         unchecked: list[str] = []
-        for req in task.get("requirements") or []:
-            check = req.get("check")
-            if not check:
-                unchecked.append(req["id"])
+        for req in task.requirements:
+            if not req.check:
+                unchecked.append(req.id)
                 continue
-            code, output, seconds = await self.run_command(task, check)
-            verdicts.append({
-                "requirement_id": req["id"], "verdict": "PASS" if code == 0 else "FAIL",
-                "reason": f"`{check}` exited {code} in {seconds:.2f}s" + (f": {output[-500:]}" if code else ""),
-            })
-        body: dict[str, Any] = {"verdicts": verdicts}
-        if any(v["verdict"] == "FAIL" for v in verdicts):
-            body["outcome"] = "FAIL"
-        elif unchecked or not task.get("requirements"):
-            body["outcome"], body["category"] = "BLOCKED", "info_missing"
-            body["result"] = {"unchecked_requirements": unchecked,
-                              "reason": "requirements without a check command cannot be judged here"}
-        else:
-            body["outcome"] = "PASS"
-        r = await self.post(task, "complete", **body)
-        self.say(task=task["id"], event="verified", outcome=body["outcome"], status=r.status_code)
+            code, output, seconds = await self.run_command(task, req.check)
+            verdicts.append(Verdict(
+                requirement_id=req.id, verdict="PASS" if code == 0 else "FAIL",
+                reason=f"`{req.check}` exited {code} in {seconds:.2f}s" + (f": {output[-500:]}" if code else ""),
+            ))
+        outcome: Outcome = "PASS"
+        category: Category | None = None
+        result: dict[str, Any] | None = None
+        if any(v.verdict == "FAIL" for v in verdicts):
+            outcome = "FAIL"
+        elif unchecked or not task.requirements:
+            outcome, category = "BLOCKED", "info_missing"
+            result = {"unchecked_requirements": unchecked,
+                      "reason": "requirements without a check command cannot be judged here"}
+        status, _, _ = await self.answer(self.client.complete(
+            task.id, task.lease_id or "", outcome=outcome, verdicts=verdicts, category=category, result=result))
+        self.say(task=task.id, event="verified", outcome=outcome, status=status)
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
@@ -189,16 +190,16 @@ async def run_worker(args: argparse.Namespace) -> int:
     running: set[asyncio.Task[None]] = set()
     try:
         while True:
-            claimed: list[dict[str, Any]] = []
+            claimed: list[Task] = []
             if len(running) < slots:
                 try:
                     claimed = await w.claim_many(slots - len(running))
-                except httpx.HTTPError as e:
+                except TaskledgerError as e:
                     if args.once and not running:
                         print(f"claim failed: {e}", file=sys.stderr)
                         return 1
             for task in claimed:
-                w.say(task=task["id"], event="claimed", task_type=task["task_type"], attempt=task.get("attempt"))
+                w.say(task=task.id, event="claimed", task_type=task.task_type, attempt=task.attempt)
                 running.add(asyncio.create_task(w.work_one(task)))
             if not running:
                 if args.once:

@@ -32,7 +32,9 @@ from prometheus_client.metrics import disable_created_metrics
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from taskledger.events.store import RecordedEvent
+from taskledger.log import HEAD_SEQ_SQL, RecordedEvent
+from taskledger.projections import jobs as job_views
+from taskledger.projections import tasks as task_views
 
 log = logging.getLogger("taskledger.metrics")
 
@@ -69,13 +71,7 @@ _JOB_SECONDS: Final = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
 MAX_CHECKERS: Final = 64
 _JOB_ENDS: Final = {"job.completed": "completed", "job.failed": "failed", "job.cancelled": "cancelled"}
 
-_PROJECTION_SQL: Final = """
-SELECT 'tasks' AS kind, state AS key, count(*)::bigint AS n FROM tasks GROUP BY state
-UNION ALL
-SELECT 'jobs', state, count(*)::bigint FROM jobs GROUP BY state
-UNION ALL
-SELECT 'lag', name, (SELECT seq FROM log_head WHERE id = 1) - seq FROM projection_checkpoints
-"""
+_LAG_SQL: Final = f"SELECT name, {HEAD_SEQ_SQL} - seq AS n FROM projection_checkpoints"
 
 
 class Metrics:
@@ -183,7 +179,7 @@ def _safe(name: str, fn: Callable[[], float]) -> float:
 
 
 class _ProjectionFigures(Collector):
-    """Tasks and jobs by state and projection lag, from one query, cached."""
+    """Tasks and jobs by state and projection lag, from one snapshot, cached."""
 
     def __init__(self, cache_seconds: float) -> None:
         self.cache_seconds = cache_seconds
@@ -198,12 +194,16 @@ class _ProjectionFigures(Collector):
             if time.monotonic() - self._at < self.cache_seconds:
                 return
             try:
-                rows = await pool.fetch(_PROJECTION_SQL)
+                async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+                    tasks = await task_views.count_by_state(conn)
+                    jobs = await job_views.count_by_state(conn)
+                    lag = await conn.fetch(_LAG_SQL)
             except Exception as e:  # the process's own figures are still worth serving
                 log.warning("metrics: the projections could not be read: %r", e)
                 self._rows = None
             else:
-                self._rows = [(r["kind"], r["key"], int(r["n"])) for r in rows]
+                self._rows = ([("tasks", k, n) for k, n in tasks.items()] + [("jobs", k, n) for k, n in jobs.items()]
+                              + [("lag", r["name"], int(r["n"])) for r in lag])
             self._at = time.monotonic()
 
     def collect(self) -> Iterator[Metric]:

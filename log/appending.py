@@ -1,4 +1,4 @@
-"""The event store: one append-only `events` table with a gapless global `seq`.
+"""Appending to the log: one append-only `events` table with a gapless global `seq`.
 
 How `seq` stays gapless and visible in commit order
 ----------------------------------------------------
@@ -23,15 +23,17 @@ Do not change the locking here without reading that document.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import asyncpg
 import msgspec
 
-from taskledger.events.canonical import GENESIS_HASH, format_ts, hash_event
+from taskledger.events.canonical import format_ts, hash_event
 from taskledger.events.errors import VersionConflict
+from taskledger.log.position import lock_head
+from taskledger.log.records import NewEvent, RecordedEvent
 
 NOTIFY_CHANNEL: Final = "taskledger_events"
 
@@ -43,25 +45,6 @@ class _Any:
 
 ANY: Final[Any] = _Any()
 """Pass as `expected_version` to append without an expectation."""
-
-
-class NewEvent(msgspec.Struct, frozen=True, kw_only=True):
-    type: str
-    data: dict[str, Any]
-
-
-class RecordedEvent(msgspec.Struct, frozen=True, kw_only=True):
-    seq: int
-    stream: str
-    stream_seq: int
-    type: str
-    data: dict[str, Any]
-    meta: dict[str, Any]
-    recorded_at: str
-    hash: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return msgspec.structs.asdict(self)
 
 
 _json = msgspec.json.Encoder()
@@ -85,45 +68,6 @@ SELECT (SELECT count(*) FROM ins) AS inserted,
 """
 
 _STREAM_VERSION = "SELECT coalesce(max(stream_seq), 0) FROM events WHERE stream = $1"
-
-# The JSON object clients receive: the database splices the stored parts into
-# text around the timestamp (plain concatenation; json_build_object and to_char
-# made reading a feed three times slower than reading the rows), and Python adds
-# the timestamp, formatted once per batch of events that share it.
-EVENT_ROW_SQL: Final = """seq, stream_seq, type, stream, meta->>'project' AS project,
-    '{"seq":' || seq || ',"stream":' || to_json(stream)::text || ',"stream_seq":' || stream_seq
-        || ',"type":' || to_json(type)::text || ',"data":' || data::text || ',"meta":' || meta::text
-        || ',"recorded_at":"' AS head,
-    recorded_at,
-    '","hash":"' || hash || '"}' AS tail"""
-
-_last_ts: list[Any] = [None, ""]
-
-
-def event_json(row: Any) -> str:
-    """The contract's event object for a row selected with EVENT_ROW_SQL."""
-    ts = row[6]
-    if ts != _last_ts[0]:
-        _last_ts[0], _last_ts[1] = ts, format_ts(ts)
-    return f"{row[5]}{_last_ts[1]}{row[7]}"
-
-
-EVENT_COLUMNS_SQL: Final = """seq, stream, stream_seq, type, data::text AS data, meta::text AS meta,
-    to_char(recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS recorded_at, hash"""
-
-
-def record_from_row(row: Any) -> RecordedEvent:
-    return RecordedEvent(
-        seq=row["seq"],
-        stream=row["stream"],
-        stream_seq=row["stream_seq"],
-        type=row["type"],
-        data=msgspec.json.decode(row["data"]),
-        meta=msgspec.json.decode(row["meta"]),
-        recorded_at=row["recorded_at"],
-        hash=row["hash"],
-    )
-
 
 class LogTx:
     """The log's part of one database transaction.
@@ -151,12 +95,8 @@ class LogTx:
     async def begin(cls, conn: asyncpg.Connection) -> LogTx:
         if not conn.is_in_transaction():
             raise RuntimeError("LogTx.begin needs an open transaction")
-        row = await conn.fetchrow(
-            "SELECT seq, hash, clock_timestamp() AS now FROM log_head WHERE id = 1 FOR UPDATE"
-        )
-        if row is None:
-            raise RuntimeError("log_head is missing: run migrations")
-        return cls(conn, row["seq"], row["hash"], row["now"])
+        (seq, hash_), now = await lock_head(conn)
+        return cls(conn, seq, hash_, now)
 
     async def stream_version(self, stream: str) -> int:
         v = self._versions.get(stream)
@@ -273,105 +213,3 @@ async def append(
     out = await log.append(stream, events, expected_version=expected_version, meta=meta)
     await log.finish()
     return out
-
-
-async def head(conn: asyncpg.Connection | asyncpg.Pool) -> tuple[int, str]:
-    row = await conn.fetchrow("SELECT seq, hash FROM log_head WHERE id = 1")
-    if row is None:
-        return 0, GENESIS_HASH
-    return row["seq"], row["hash"]
-
-
-def type_filter_sql(types: Iterable[str], arg_index: int) -> tuple[str, list[Any]]:
-    """SQL for the contract's `types` filter: exact names, or prefixes ending in '.'."""
-    exact = [t for t in types if not t.endswith(".")]
-    prefixes = [t.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-                for t in types if t.endswith(".")]
-    parts, args = [], []
-    if exact:
-        parts.append(f"type = ANY(${arg_index}::text[])")
-        args.append(exact)
-        arg_index += 1
-    if prefixes:
-        parts.append(f"type LIKE ANY(${arg_index}::text[])")
-        args.append(prefixes)
-    return "(" + " OR ".join(parts) + ")", args
-
-
-async def read(
-    conn: asyncpg.Connection | asyncpg.Pool,
-    *,
-    since_seq: int = 0,
-    limit: int = 1000,
-    types: Sequence[str] = (),
-    stream: str | None = None,
-    project: str | None = None,
-    to_seq: int | None = None,
-) -> list[RecordedEvent]:
-    where, args = _filters(since_seq, types, stream, project, to_seq)
-    rows = await conn.fetch(
-        f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE {where} ORDER BY seq LIMIT {int(limit)}",
-        *args,
-    )
-    return [record_from_row(r) for r in rows]
-
-
-async def read_json(
-    conn: asyncpg.Connection | asyncpg.Pool,
-    *,
-    since_seq: int = 0,
-    limit: int = 1000,
-    types: Sequence[str] = (),
-    stream: str | None = None,
-    project: str | None = None,
-    to_seq: int | None = None,
-) -> list[tuple[int, str, str]]:
-    """(seq, type, event JSON text) rows, for feeds that pass events through."""
-    where, args = _filters(since_seq, types, stream, project, to_seq)
-    rows = await conn.fetch(
-        f"SELECT {EVENT_ROW_SQL} FROM events WHERE {where} ORDER BY seq LIMIT {int(limit)}", *args
-    )
-    return [(r[0], r[2], event_json(r)) for r in rows]
-
-
-def _filters(
-    since_seq: int, types: Sequence[str], stream: str | None, project: str | None,
-    to_seq: int | None,
-) -> tuple[str, list[Any]]:
-    clauses = ["seq > $1"]
-    args: list[Any] = [since_seq]
-    if to_seq is not None:
-        args.append(to_seq)
-        clauses.append(f"seq <= ${len(args)}")
-    if stream is not None:
-        args.append(stream)
-        clauses.append(f"stream = ${len(args)}")
-    if project is not None:
-        args.append(project)
-        clauses.append(f"meta->>'project' = ${len(args)}")
-    if types:
-        sql, targs = type_filter_sql(types, len(args) + 1)
-        clauses.append(sql)
-        args.extend(targs)
-    return " AND ".join(clauses), args
-
-
-async def read_stream(
-    conn: asyncpg.Connection | asyncpg.Pool,
-    stream: str,
-    *,
-    since_stream_seq: int = 0,
-    limit: int = 1000,
-    to_seq: int | None = None,
-) -> list[RecordedEvent]:
-    args: list[Any] = [stream, since_stream_seq]
-    extra = ""
-    if to_seq is not None:
-        args.append(to_seq)
-        extra = " AND seq <= $3"
-    rows = await conn.fetch(
-        f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE stream = $1 AND stream_seq > $2{extra} "
-        f"ORDER BY stream_seq LIMIT {int(limit)}",
-        *args,
-    )
-    return [record_from_row(r) for r in rows]

@@ -1,21 +1,21 @@
-"""`taskledger runner` (the reference job runner) and `taskledger job watch ID`."""
+"""`taskledger runner`: the reference job runner. It claims jobs, runs their
+commands with the shell, reports each start and completion with the tail of
+its output, heartbeats, and kills the running command on cancellation or past
+the job's command timeout."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
-import httpx
-
-from taskledger.service.cli.main import command_env
+from taskledger.client import AsyncClient, Conflict, Job, JobReport, NotFound, Retry, TaskledgerError, TransportError
+from taskledger.service.cli.common import add_client_flags, async_client, command_env
 
 TERMINAL = ("completed", "failed", "cancelled")
 # The exit code reported for a command killed after the job's command_timeout_seconds
@@ -25,8 +25,6 @@ MAX_OUTPUT_TAIL_BYTES = 16384  # what the service accepts in one report
 
 
 def register(sub: Any) -> None:
-    from taskledger.service.cli.main import add_client_flags
-
     p = sub.add_parser("runner", help="reference job runner: claims jobs and runs their commands")
     add_client_flags(p)
     p.add_argument("--once", action="store_true", help="exit when nothing is left to claim")
@@ -58,13 +56,6 @@ def register(sub: Any) -> None:
     p.add_argument("--project", action="append", dest="projects", help="claim only jobs of this project")
     p.set_defaults(func=cmd_runner)
 
-    j = sub.add_parser("job", help="jobs")
-    jsub = j.add_subparsers(dest="job_command", required=True)
-    w = jsub.add_parser("watch", help="follow a job with a live progress bar")
-    w.add_argument("job_id")
-    add_client_flags(w)
-    w.set_defaults(func=cmd_watch)
-
 
 def _tail_bytes(text: str) -> int:
     n = int(text)
@@ -73,19 +64,14 @@ def _tail_bytes(text: str) -> int:
     return n
 
 
-def _client(args: argparse.Namespace, timeout: float = 30.0) -> httpx.AsyncClient:
-    if not args.token:
-        raise SystemExit("a token is needed: --token or TASKLEDGER_TOKEN")
-    return httpx.AsyncClient(
-        base_url=args.url.rstrip("/"), timeout=timeout, headers={"Authorization": f"Bearer {args.token}"}
-    )
+# A report is retried for a while on a broken connection or any 5xx (the old
+# runner's schedule: 8 tries, 0.25 s doubling to 5 s); its Idempotency-Key makes
+# a repeated report count once.
+REPORT_RETRY = Retry(attempts=8, backoff=0.25, max_backoff=5.0, statuses=frozenset({500, 502, 503, 504}))
 
 
 def _log(msg: str) -> None:
     print(f"[runner] {msg}", file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------------- runner
 
 
 class LeaseLost(Exception):
@@ -125,15 +111,15 @@ class OutputTail:
 class JobRun:
     """One claimed job: runs its commands, reports, heartbeats, obeys cancellation."""
 
-    def __init__(self, runner: Runner, job: dict[str, Any]) -> None:
+    def __init__(self, runner: Runner, job: Job) -> None:
         self.runner = runner
-        self.http = runner.http
-        self.job_id: str = job["job_id"]
-        self.lease_id: str = job["lease_id"]
-        self.commands: list[str] = [c["command"] for c in job["commands"]]
-        self.parallel: bool = bool(job.get("parallel"))
-        self.fail_fast: bool = bool(job.get("fail_fast"))
-        timeout = job.get("command_timeout_seconds")
+        self.client = runner.client
+        self.job_id = job.job_id
+        self.lease_id = job.lease_id or ""
+        self.commands: list[str] = [c.command for c in job.commands]
+        self.parallel = job.parallel
+        self.fail_fast = job.fail_fast
+        timeout = job.command_timeout_seconds
         self.command_timeout: float | None = float(timeout) if timeout is not None else None
         self.stop = asyncio.Event()
         self.why: str | None = None  # "cancel", "lost", "interrupted"
@@ -144,31 +130,23 @@ class JobRun:
             self.why = why
         self.stop.set()
 
-    async def report(self, event: dict[str, Any]) -> dict[str, Any] | None:
-        """POST a report, retrying transport errors and 5xx for a while."""
-        body = {**event, "lease_id": self.lease_id}
-        delay = 0.25
-        for attempt in range(8):
-            try:
-                r = await self.http.post(f"/jobs/{self.job_id}/report", json=body)
-            except httpx.HTTPError as e:
-                _log(f"report {event['event']} failed ({e!r}); retrying")
-            else:
-                if r.status_code == 200:
-                    view: dict[str, Any] = r.json()
-                    if view.get("cancel_requested") or view.get("state") == "cancelling":
-                        self.halt("cancel")
-                    return view
-                if r.status_code in (404, 409):
-                    raise LeaseLost(r.text)
-                if r.status_code < 500:
-                    _log(f"report {event['event']} refused: {r.status_code} {r.text[:300]}")
-                    return None
-                _log(f"report {event['event']} got {r.status_code}; retrying")
-            if attempt < 7:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        raise LeaseLost("the service did not answer")
+    async def report(self, event: dict[str, Any]) -> Job | None:
+        """Report; None when refused for a reason other than a lost job or lease.
+        The client retries a broken connection and a 5xx (REPORT_RETRY)."""
+        try:
+            view = await self.client.report_job(self.job_id, JobReport(**event, lease_id=self.lease_id))
+        except (NotFound, Conflict) as e:
+            raise LeaseLost(str(e)) from e
+        except TransportError as e:
+            raise LeaseLost(f"the service did not answer ({e})") from e
+        except TaskledgerError as e:
+            if e.status >= 500:
+                raise LeaseLost(f"the service did not answer ({e})") from e
+            _log(f"report {event['event']} refused: {e}")
+            return None
+        if view.cancel_requested or view.state == "cancelling":
+            self.halt("cancel")
+        return view
 
     async def _keepalive(self) -> None:
         """Heartbeat every N seconds; between heartbeats, look for a cancel request."""
@@ -180,16 +158,14 @@ class JobRun:
                     next_beat = time.monotonic() + self.runner.heartbeat
                     await self.report({"event": "heartbeat"})
                 else:
-                    r = await self.http.get(f"/jobs/{self.job_id}")
-                    if r.status_code == 200:
-                        view = r.json()
-                        if view.get("cancel_requested"):
-                            self.halt("cancel")
-                        elif view.get("state") in TERMINAL or view.get("lease_id") != self.lease_id:
-                            self.halt("lost")
+                    view = await self.client.get_job(self.job_id)
+                    if view.cancel_requested:
+                        self.halt("cancel")
+                    elif view.state in TERMINAL or view.lease_id != self.lease_id:
+                        self.halt("lost")
             except LeaseLost:
                 self.halt("lost")
-            except httpx.HTTPError as e:
+            except TaskledgerError as e:
                 _log(f"checking job {self.job_id} failed: {e!r}")
 
     async def _run_command(self, index: int) -> int | None:
@@ -356,8 +332,8 @@ async def _kill_group(
 
 
 class Runner:
-    def __init__(self, http: httpx.AsyncClient, args: argparse.Namespace) -> None:
-        self.http = http
+    def __init__(self, client: AsyncClient, args: argparse.Namespace) -> None:
+        self.client = client
         self.once: bool = args.once
         self.parallel: int = args.parallel
         self.lease_seconds: int = args.lease_seconds
@@ -374,23 +350,21 @@ class Runner:
         if self.current is not None:
             self.current.halt("interrupted")
 
-    async def claim(self) -> dict[str, Any] | None:
-        body: dict[str, Any] = {"lease_seconds": self.lease_seconds}
-        if self.projects:
-            body["projects"] = self.projects
-        r = await self.http.post("/jobs/claim", json=body)
-        if r.status_code == 204:
-            return None
-        if r.status_code != 200:
-            raise RuntimeError(f"claim refused: {r.status_code} {r.text[:300]}")
-        job: dict[str, Any] = r.json()
-        return job
+    async def claim(self) -> Job | None:
+        try:
+            # a poll: no Idempotency-Key, so an empty one leaves no answer behind
+            return await self.client.claim_job(lease_seconds=self.lease_seconds, projects=self.projects,
+                                               idempotent=False)
+        except TransportError:
+            raise
+        except TaskledgerError as e:
+            raise RuntimeError(f"claim refused: {e}") from e
 
     async def run(self) -> int:
         while not self.interrupted.is_set():
             try:
                 job = await self.claim()
-            except httpx.HTTPError as e:
+            except TransportError as e:
                 _log(f"claim failed ({e!r}); retrying")
                 job = None
                 if self.once:
@@ -402,7 +376,7 @@ class Runner:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.interrupted.wait(), self.poll)
                 continue
-            _log(f"claimed job {job['job_id']} ({job['total_commands']} commands)")
+            _log(f"claimed job {job.job_id} ({job.total_commands} commands)")
             self.current = JobRun(self, job)
             try:
                 await self.current.run()
@@ -412,180 +386,15 @@ class Runner:
 
 
 def cmd_runner(args: argparse.Namespace) -> int:
+    if not args.token:
+        raise SystemExit("a token is needed: --token or TASKLEDGER_TOKEN")
+
     async def main() -> int:
-        async with _client(args) as http:
-            runner = Runner(http, args)
+        async with async_client(args, retry=REPORT_RETRY) as client:
+            runner = Runner(client, args)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, runner.interrupt)
             return await runner.run()
-
-    return asyncio.run(main())
-
-
-# ----------------------------------------------------------------------------- watch
-
-
-def _fmt_secs(x: float | None) -> str:
-    if x is None:
-        return "--:--"
-    x = round(x)
-    h, rem = divmod(x, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
-
-
-def describe(ev: dict[str, Any]) -> str | None:
-    """One line for an event worth printing above the bar."""
-    d = ev.get("data") or {}
-    t = ev.get("type", "")
-    match t:
-        case "job.started":
-            return f"claimed by {d.get('worker')} on {d.get('node')}"
-        case "job.stage":
-            return f"stage: {d.get('stage')}"
-        case "job.command_started":
-            return f"[cyan]>[/] {d.get('command')}"
-        case "job.command_completed":
-            ok = d.get("exit_code") == 0
-            mark = "[green]ok[/]" if ok else f"[red]exit {d.get('exit_code')}[/]"
-            return f"{mark} {d.get('command')} ({float(d.get('duration') or 0):.2f}s)"
-        case "job.cache_hit":
-            return f"[green]cached[/] {d.get('command')}"
-        case "job.command_skipped":
-            return f"[yellow]skipped[/] {d.get('command')}: {d.get('reason') or ''}"
-        case "job.error":
-            return f"[red]error[/] {d.get('error')}"
-        case "job.cancel_requested":
-            return "[yellow]cancel requested[/]"
-        case "job.completed" | "job.failed" | "job.cancelled":
-            return None
-    return None
-
-
-class _NoStream(Exception):
-    pass
-
-
-async def follow(http: httpx.AsyncClient, job_id: str, on_event: Callable[[dict[str, Any]], None]) -> None:
-    """Follow the job's events: over SSE, or by polling when the stream endpoint is absent."""
-    from httpx_sse import aconnect_sse
-
-    since = 0
-    failures = 0
-    while failures < 5:
-        try:
-            async with aconnect_sse(
-                http,
-                "GET",
-                f"/jobs/{job_id}/stream",
-                params={"since_seq": since},
-                timeout=httpx.Timeout(30.0, read=60.0),
-            ) as es:
-                if es.response.status_code in (404, 405):
-                    raise _NoStream
-                if es.response.status_code != 200:
-                    raise httpx.HTTPStatusError(
-                        "stream refused", request=es.response.request, response=es.response
-                    )
-                failures = 0
-                async for sse in es.aiter_sse():
-                    if not sse.data:
-                        continue
-                    ev = json.loads(sse.data)
-                    since = max(since, int(ev.get("stream_seq") or 0))
-                    on_event(ev)
-        except _NoStream:
-            break
-        except (httpx.HTTPError, ValueError):
-            failures += 1
-            await asyncio.sleep(min(2.0, 0.2 * 2**failures))
-    while True:
-        r = await http.get(f"/jobs/{job_id}/events", params={"since_seq": since})
-        if r.status_code == 200:
-            for ev in r.json()["events"]:
-                since = max(since, int(ev["stream_seq"]))
-                on_event(ev)
-        await asyncio.sleep(0.5)
-
-
-async def watch(http: httpx.AsyncClient, job_id: str) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
-
-    console = Console()
-    r = await http.get(f"/jobs/{job_id}")
-    if r.status_code != 200:
-        console.print(f"[red]{r.status_code}[/] {r.json().get('detail', r.text) if r.content else ''}")
-        return 2
-    st: dict[str, Any] = r.json()
-    wake = asyncio.Event()
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]{task.fields[state]}[/] {task.fields[stage]}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>6.2f}%"),
-        MofNCompleteColumn(),
-        TextColumn("elapsed {task.fields[elapsed]}  ETA {task.fields[eta]}"),
-        TextColumn("[dim]{task.fields[cmd]}"),
-        console=console,
-    )
-
-    def on_event(ev: dict[str, Any]) -> None:
-        line = describe(ev)
-        if line:
-            progress.console.print(line)
-        wake.set()
-
-    def show(task: Any, s: dict[str, Any]) -> None:
-        progress.update(
-            task,
-            total=s["total_commands"],
-            completed=s["completed_commands"],
-            state=s["state"],
-            stage=s["stage"],
-            elapsed=_fmt_secs(s["elapsed_sec"]),
-            eta=_fmt_secs(s["eta_sec"]),
-            cmd=s.get("current_command") or "",
-        )
-
-    with progress:
-        task = progress.add_task(
-            job_id, total=st["total_commands"], state="", stage="", elapsed="", eta="", cmd=""
-        )
-        follower = asyncio.create_task(follow(http, job_id, on_event))
-        try:
-            while True:
-                show(task, st)
-                if st["state"] in TERMINAL:
-                    break
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), 1.0)
-                wake.clear()
-                r = await http.get(f"/jobs/{job_id}")
-                if r.status_code == 200:
-                    st = r.json()
-            await asyncio.sleep(0.6)  # let the last events print
-        finally:
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
-                await follower
-    colour = {"completed": "green", "failed": "red", "cancelled": "yellow"}[st["state"]]
-    result = st.get("result") or {}
-    console.print(
-        f"[bold {colour}]job {job_id} {st['state']}[/] after {st['elapsed_sec']:.2f}s: "
-        f"{st['completed_commands']}/{st['total_commands']} commands, exit code {result.get('exit_code')}"
-    )
-    if result.get("failed_commands"):
-        console.print("failed: " + ", ".join(result["failed_commands"]))
-    if st.get("error"):
-        console.print(f"error: {st['error']}")
-    return {"completed": 0, "failed": 1, "cancelled": 3}[st["state"]]
-
-
-def cmd_watch(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        async with _client(args) as http:
-            return await watch(http, args.job_id)
 
     return asyncio.run(main())
