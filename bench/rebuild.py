@@ -1,6 +1,6 @@
 """Rebuild speed over a large log, beside the raw read speed of the same rows.
 
-    .venv/bin/python -m bench.rebuild [--events 1000000] [--database-url URL]
+    .venv/bin/python -m bench.rebuild [--events 1000000] [--database-url URL] [--no-check]
 
 Seeds a fresh database with task streams that the pure model produced
 (`events.task` deciders): each maker task is created, claimed, started,
@@ -12,6 +12,8 @@ for the first events, and written with COPY. Then, in the same run:
 
 * raw read: a plain `SELECT ... ORDER BY seq` over the whole log through
   asyncpg (a server-side cursor), and the paged read the rebuild itself uses;
+* the fold alone, in memory, over the first `--fold-events` events: µs per
+  event of the payload decode, of `evolve` and of the rebuild's `fold_page`;
 * rebuild of each projection (tasks, blockers, jobs) through
   `projections.framework.rebuild`, i.e. shadow tables and the atomic swap;
 * a check of the tasks projection (fold again, compare row by row).
@@ -21,8 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hashlib
+import os
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -33,11 +38,13 @@ from bench.harness import Database, Postgres, describe, machine
 from taskledger import log as store
 from taskledger.events.canonical import GENESIS_HASH, canonical_json, event_hash, format_ts
 from taskledger.events.lease import Holder
+from taskledger.events.task import events as task_events
 from taskledger.events.task.events import Requirement, RequirementVerdict, event_type, payload
 from taskledger.events.task.panel import Verdict, decide_complete, decide_verifier_complete
 from taskledger.events.task.rules import Claim, NewTask, decide_claim, decide_collect, decide_create, decide_start
-from taskledger.events.task.state import evolve
+from taskledger.events.task.state import TaskState, evolve, evolve_owned
 from taskledger.projections import catalog, framework
+from taskledger.projections import tasks as task_rows
 
 PH = "XQXIDXQX"
 _enc = msgspec.json.Encoder()
@@ -148,6 +155,67 @@ async def raw_reads(conn: asyncpg.Connection, head: int) -> dict[str, float]:
     return out
 
 
+async def fold_in_memory(conn: asyncpg.Connection, n_events: int) -> dict[str, float]:
+    """µs per event of the fold alone, the first `n_events` of the log already read into memory
+    (best of three): the payload decode; `evolve`, a new state per event as the command path
+    folds, against `evolve_owned`, in place, over the same decoded events; and the rebuild's
+    whole `fold_page` (decode, `evolve_owned`, its bookkeeping). All give the same states."""
+    page: list[store.LogEvent] = []
+    pos = 0
+    while pos < n_events:
+        page += await store.read_page(conn, "task:", pos, min(pos + framework.PAGE_SEQS, n_events))
+        pos += framework.PAGE_SEQS
+    events = [(e.stream[5:], task_events.decode(e.type, e.data), e) for e in page]
+
+    def by(fold: Callable[..., TaskState]) -> Callable[[], dict[str, TaskState]]:
+        def run() -> dict[str, TaskState]:
+            states: dict[str, TaskState] = {}
+            for tid, ev, e in events:
+                states[tid] = fold(states.get(tid), ev, seq=e.seq, version=e.stream_seq, at=e.recorded_at)
+            return states
+        return run
+
+    def rebuild_fold() -> dict[str, TaskState]:
+        states: dict[str, TaskState] = {}
+        task_rows.fold_page(states, None, page)
+        return states
+
+    steps: dict[str, Callable[[], Any]] = {
+        "payload decode": lambda: [task_events.decode(e.type, e.data) for e in page],
+        "evolve (a new state per event)": by(evolve),
+        "evolve_owned (in place)": by(evolve_owned),
+        "fold_page (decode + evolve_owned)": rebuild_fold,
+    }
+    out: dict[str, float] = {}
+    gc.disable()
+    try:
+        for label, step in steps.items():
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                step()
+                best = min(best, time.perf_counter() - t0)
+            out[label] = best * 1e6 / len(page)
+    finally:
+        gc.enable()
+    assert by(evolve)() == by(evolve_owned)() == rebuild_fold()
+    return out
+
+
+def _cpu_seconds(pids: list[int]) -> list[float]:
+    """CPU seconds used so far by these PostgreSQL backends (empty when the server is not local):
+    on a shared machine the CPU a rebuild costs moves less than its wall time."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return []
+        out.append((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
+
+
 async def main_async(args: argparse.Namespace, pg: Postgres) -> None:
     async with Database(pg.url, "tl_bench_rebuild_") as db:
         conn = await asyncpg.connect(db.url)
@@ -155,14 +223,27 @@ async def main_async(args: argparse.Namespace, pg: Postgres) -> None:
         print(f"seeded {head:,} events in {secs:.1f}s ({head / secs:,.0f} events/s)", flush=True)
         size = await conn.fetchval("SELECT pg_size_pretty(pg_total_relation_size('events'))")
         print(f"events table: {size}", flush=True)
-        for label, rate in (await raw_reads(conn, head)).items():
+        raw = await raw_reads(conn, head)
+        for label, rate in raw.items():
             print(f"raw read, {label}: {rate:,.0f} events/s", flush=True)
+        cursor, paged = raw.values()
+        if args.fold_events:
+            for label, us in (await fold_in_memory(conn, min(head, args.fold_events))).items():
+                print(f"fold in memory, {label}: {us:.2f} µs/event", flush=True)
         reader = await asyncpg.connect(db.url)
+        backends = [await c.fetchval("SELECT pg_backend_pid()") for c in (conn, reader)]
         for p in catalog.PROJECTIONS:
+            py, cpu_pg = time.process_time(), _cpu_seconds(backends)
             res = await framework.rebuild(conn, p, reader=reader)
+            py = time.process_time() - py
+            cpu_pg = [b - a for a, b in zip(cpu_pg, _cpu_seconds(backends), strict=True)]
             rows = await conn.fetchval(f"SELECT count(*) FROM {p.tables[0].name}")
-            print(f"rebuild {p.name}: {res.seconds:.1f}s, {res.events_per_second:,.0f} log events/s, "
-                  f"{rows:,} rows, head lock held {res.swap_ms:.1f} ms", flush=True)
+            rate = res.events_per_second
+            cpu = f"CPU: Python {py:.2f}s" + (
+                f", PostgreSQL {cpu_pg[0]:.2f}s + {cpu_pg[1]:.2f}s (reader)" if cpu_pg else "")
+            print(f"rebuild {p.name}: {res.seconds:.1f}s, {rate:,.0f} log events/s "
+                  f"({rate / cursor:.2f}x the cursor read, {rate / paged:.2f}x the paged read), "
+                  f"{rows:,} rows, head lock held {res.swap_ms:.1f} ms; {cpu}", flush=True)
         if not args.no_check:
             t0 = time.perf_counter()
             diffs = await framework.check(conn, [catalog.TASKS])
@@ -179,6 +260,7 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--database-url", default=None)
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--fold-events", type=int, default=200_000, help="events folded in memory, timed alone (0: none)")
     args = ap.parse_args()
     with Postgres(args.database_url) as pg:
         asyncio.run(main_async(args, pg))

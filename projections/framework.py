@@ -286,9 +286,22 @@ async def create_shadow(conn: asyncpg.Connection, live: str, suffix: str, *, tem
     return sh
 
 
-async def build_indexes(conn: asyncpg.Connection, sh: Shadow) -> None:
-    for _, ddl in sh.indexes:
-        await conn.execute(ddl)
+async def build_indexes(conn: asyncpg.Connection, sh: Shadow, other: asyncpg.Connection | None = None) -> None:
+    """Build the shadow's secondary indexes, after its rows are in (one sort per
+    index instead of an insert per row), and analyse it.
+
+    With `other`, a second idle connection, two indexes are built at a time:
+    each build scans the whole table, and a second backend works on the second
+    core.
+    """
+    ddls = [ddl for _, ddl in sh.indexes]
+    conns = [conn] if other is None else [conn, other]
+
+    async def build(c: asyncpg.Connection, share: list[str]) -> None:
+        for ddl in share:
+            await c.execute(ddl)
+
+    await asyncio.gather(*(build(c, ddls[i::len(conns)]) for i, c in enumerate(conns)))
     await conn.execute(f"ANALYZE {sh.name}")
 
 
@@ -363,7 +376,7 @@ async def rebuild(
             pos = await fold_range(conn, p, fold, tables, pos, head, progress, page_seqs, reader)
             passes, last_gap = passes + 1, gap
         for sh in shadows:
-            await build_indexes(conn, sh)
+            await build_indexes(conn, sh, reader)
         swap_ms = 0.0
         for attempt in range(1, SWAP_ATTEMPTS + 1):
             t0 = time.perf_counter()

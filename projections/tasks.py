@@ -8,7 +8,7 @@ that queries filter and order on. Blockers are folded from `task.blocked`,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final, NamedTuple, Protocol
 
 import asyncpg
@@ -18,7 +18,7 @@ from taskledger import log as store
 from taskledger.events.task import events as task_events
 from taskledger.events.task.events import CheckerReport, TaskBlocked, TaskCancelled, TaskEvent, TaskUnblocked, Unmet
 from taskledger.events.task.rules import escalate_at
-from taskledger.events.task.state import TaskState, evolve
+from taskledger.events.task.state import TaskState, evolve, evolve_owned
 from taskledger.log import RecordedEvent
 from taskledger.projections.where import where
 
@@ -333,6 +333,9 @@ def fold_page(
     Returns the changed task ids, the seq of each task.created seen, and the
     changed blocker ids. `states` must hold the state of every stream in
     `page` that began before it, and `blockers` every blocker those states name.
+    Without `blockers` the states are folded in place (`evolve_owned`): they
+    belong to the caller's fold, and a state handed on must be out of `states`
+    before the next page (as `TaskFold` does) or be copied.
     """
     changed: dict[str, None] = {}
     created: dict[str, int] = {}
@@ -346,7 +349,8 @@ def fold_page(
             s = states.get(tid)
             if s is None:
                 created[tid] = e.seq
-            states[tid] = evolve(s, decode(e.type, e.data), seq=e.seq, version=e.stream_seq, at=e.recorded_at)
+            states[tid] = evolve_owned(s, decode(e.type, e.data), seq=e.seq, version=e.stream_seq,
+                                       at=e.recorded_at)
             changed[tid] = None
         return list(changed), created, []
     for e in page:
@@ -369,11 +373,13 @@ _COLUMNS = ["id", "project", "task_type", "state", "parent_task_id", "subtask_ro
             "escalate_at", "body"]
 
 
-def copy_records(states: Iterable[TaskState], created: dict[str, int]) -> list[tuple[Any, ...]]:
-    """Rows for COPY into a table of the tasks shape (`_COLUMNS`), for rows not there yet."""
-    return [(s.id, s.project, s.task_type, s.state, s.parent_task_id, s.subtask_round, s.is_parent, s.priority,
+def copy_records(states: Iterable[TaskState], created: dict[str, int]) -> Iterator[tuple[Any, ...]]:
+    """Rows for COPY into a table of the tasks shape (`_COLUMNS`), for rows not there yet.
+
+    Made as COPY sends them, so PostgreSQL parses the first rows while the next are encoded."""
+    return ((s.id, s.project, s.task_type, s.state, s.parent_task_id, s.subtask_round, s.is_parent, s.priority,
              s.assignee, list(s.node_blacklist), s.maker_node, s.maker_worker, created[s.id], s.version, s.seq,
-             escalate_at(s), _enc.encode(s).decode()) for s in states]
+             escalate_at(s), _enc.encode(s).decode()) for s in states)
 
 
 class TaskFold:
@@ -385,8 +391,12 @@ class TaskFold:
 
     Task rows are written once each where possible: a changed state stays in
     the cache until it is evicted or the fold is flushed, then rows new to the
-    table go in with COPY and the others with an upsert. The eviction's write
-    runs while the next page is read and folded (the states are frozen).
+    table go in with COPY and the others with an upsert. A full cache evicts
+    the tasks the last page did not touch (a task's events mostly come close
+    together, so few of them are needed again), and their write runs on the
+    connection while the next pages are read and folded: only a page that
+    must reload an evicted task waits for it. The cache's states are folded in
+    place (`fold_page`); a state leaves the cache before its row is written.
     """
 
     def __init__(self, *, write: str, cache_max: int = 50_000) -> None:
@@ -426,12 +436,16 @@ class TaskFold:
         if self._dirty:
             await self._write_dirty()
 
-    def _take_dirty(self) -> tuple[list[TaskState], list[TaskState], dict[str, int]]:
-        fresh = [self.states[i] for i in self._dirty if i not in self._written]
-        again = [self.states[i] for i in self._dirty if i in self._written]
+    def _take_dirty(self, ids: Iterable[str] | None = None) -> tuple[list[TaskState], list[TaskState],
+                                                                  dict[str, int]]:
+        """The changed states among `ids` (all when None), split into rows new to the table and the rest."""
+        take = list(self._dirty) if ids is None else [i for i in ids if i in self._dirty]
+        fresh = [self.states[i] for i in take if i not in self._written]
+        again = [self.states[i] for i in take if i in self._written]
         born = {s.id: self._born.pop(s.id) for s in fresh}
-        self._written.update(self._dirty)
-        self._dirty = {}
+        self._written.update(take)
+        for i in take:
+            del self._dirty[i]
         return fresh, again, born
 
     async def _write(self, fresh: list[TaskState], again: list[TaskState], born: dict[str, int]) -> None:
@@ -450,9 +464,10 @@ class TaskFold:
             first.setdefault(e.stream, e)
         missing = [task_id_of(s) for s, e in first.items()
                    if e.stream_seq > 1 and task_id_of(s) not in self.states]
-        await self.idle()  # the rows being written are the ones `missing` may reload
         if missing:
+            await self.idle()  # the rows being written may be the ones to reload; `conn` is theirs
             await self._load(conn, missing, page[0].seq, tables)
+        changed: list[str] = []
         if self.write == "tasks":
             self._conn, self._table = conn, tables["tasks"]
             changed, created, _ = fold_page(self.states, None, page)
@@ -471,11 +486,17 @@ class TaskFold:
             _, _, changed_b = fold_page(self.states, self.blockers, page)
             await save_blockers(conn, [self.blockers[b] for b in changed_b], table=tables["blockers"])
         if len(self.states) > self.cache_max:
-            # evict (states reload from the rows, blockers from the log), writing what changed
-            if self._dirty:
-                self._writing = asyncio.ensure_future(self._write(*self._take_dirty()))
-            self.states.clear()
-            self.blockers.clear()
+            if self.write == "blockers":  # states refold from the log, blockers reload from their rows
+                self.states.clear()
+                self.blockers.clear()
+                return
+            # evict what this page left alone (reloaded from its row if needed again), writing what changed
+            keep = dict.fromkeys(changed)
+            gone = [i for i in self.states if i not in keep]
+            await self.idle()  # one write at a time on `conn`
+            self._writing = asyncio.ensure_future(self._write(*self._take_dirty(gone)))
+            for i in gone:
+                del self.states[i]
 
     async def _load(self, conn: Any, ids: list[str], before_seq: int, tables: Any) -> None:
         if self.write == "tasks":

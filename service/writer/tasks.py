@@ -548,9 +548,9 @@ async def unblock(uow: UnitOfWork, ctx: Ctx, task_id: str, *, action: UnblockAct
     return ses.state(task_id)
 
 
-_COLLECT_SQL = """SELECT body::text AS body FROM tasks
-WHERE state IN ('completed', 'verified') AND task_type <> 'verify' AND NOT is_parent AND project = $1
-ORDER BY seq LIMIT $2"""
+_COLLECTABLE = "state IN ('completed', 'verified') AND task_type <> 'verify' AND NOT is_parent"
+_COLLECT_SQL = f"SELECT body::text AS body FROM tasks WHERE {_COLLECTABLE} AND project = $1 ORDER BY seq LIMIT $2"
+_COLLECT_ANY_SQL = f"SELECT body::text AS body FROM tasks WHERE {_COLLECTABLE} ORDER BY seq LIMIT $1"
 
 
 async def collect(uow: UnitOfWork, ctx: Ctx, *, project: str | None, limit: int) -> list[TaskState]:
@@ -559,7 +559,7 @@ async def collect(uow: UnitOfWork, ctx: Ctx, *, project: str | None, limit: int)
     # that, and read every collectable task of every project, in seq order, to
     # find one project's (150 ms a collect with 30,000 waiting elsewhere).
     if project is None:
-        rows = await uow.fetch(_COLLECT_SQL.replace(" AND project = $1", "").replace("$2", "$1"), limit)
+        rows = await uow.fetch(_COLLECT_ANY_SQL, limit)
     else:
         rows = await uow.fetch(_COLLECT_SQL, project, limit)
     ses = Session(uow, ctx)
