@@ -16,7 +16,7 @@ over a slow transaction's event for good.
 
 Holding one lock per append would cap throughput at one commit (one fsync) per
 event. The service therefore never appends one command per transaction: its
-writer (`service.writer`) runs many commands in one transaction under one head
+writer (`service.writer.engine`) runs many commands in one transaction under one head
 lock and one commit, so the lock is taken once per batch. See docs/DESIGN.md.
 Do not change the locking here without reading that document.
 """

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 REQUEST_ID: Final[contextvars.ContextVar[str | None]] = contextvars.ContextVar("request_id", default=None)
 CORRELATION_ID: Final[contextvars.ContextVar[str | None]] = contextvars.ContextVar("correlation_id", default=None)
-# The rule service.commands applies before an id reaches an event's meta.
+# The rule service.writer.commands applies before an id reaches an event's meta.
 VALID_ID: Final = re.compile(r"^[\x20-\x7e]{1,200}$")
 
 # Attributes every LogRecord has; anything else was passed in `extra` and is logged too.

@@ -4,7 +4,7 @@ Three kinds of figures, each read where it is cheapest and exact:
 
 - counted where they happen, in this process: HTTP requests (the request
   middleware), writer batches (the writer, after each commit), SSE streams and
-  the tailer (service.live), and the facts this process committed
+  the tailer (service.http.live), and the facts this process committed
   (`observe_commit`: jobs created and ended with their durations, verdicts by
   checker). They are per process: the service's totals are the sum over the
   replicas Prometheus scrapes (docs/OPERATIONS.md, "Metrics").

@@ -30,7 +30,7 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     sse_queue_max: int = 1000
     max_streams_per_token: int = 64
     stream_token_ttl_seconds: int = 300
-    # Capacity of one server process (README "Configuration", service.server_limits):
+    # Capacity of one server process (README "Configuration", service.http.server_limits):
     # open SSE streams and ordinary requests get separate budgets.
     max_streams: int = 10_000
     max_connections: int = 1024

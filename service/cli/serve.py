@@ -91,7 +91,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             Granian(
                 "taskledger.service.http.asgi:app", address=settings.host, port=settings.port,
                 interface=Interfaces.ASGI, workers=settings.workers, log_enabled=False,
-                # the drain (service.server_signals) runs inside this timeout
+                # the drain (service.http.server_signals) runs inside this timeout
                 workers_kill_timeout=5 + math.ceil(settings.drain_seconds),
                 **server_limits.granian_options(settings),
             ).serve()

@@ -4,7 +4,7 @@ The handlers validate everything (cursor, filters, existence, the per-token
 cap) before the response starts, so a bad request is a problem+json answer and
 never an empty stream that hangs. The stream itself is sse-starlette's
 `EventSourceResponse`, returned to Litestar as an ASGI app; events come from the
-process's one `Hub` (service.live).
+process's one `Hub` (service.http.live).
 """
 
 from __future__ import annotations

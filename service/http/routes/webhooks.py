@@ -1,5 +1,5 @@
 """Webhooks (admin): register a URL for a set of event types, list, delete, and
-see the delivery attempts. Delivery itself is `service.webhook_delivery`."""
+see the delivery attempts. Delivery itself is `taskledger.service.ops.webhooks`."""
 
 from __future__ import annotations
 
