@@ -617,9 +617,14 @@ async def sweep(uow: UnitOfWork, ctx: Ctx, *, limit: int = 200) -> int:
     return n
 
 
+# statement_timestamp(), not clock_timestamp(): a volatile function cannot be
+# an index condition, so with clock_timestamp() PostgreSQL filtered every row of
+# `tasks` (100 ms a poll, once a second, with 280,000 tasks) instead of looking
+# at the start of `tasks_escalation` and `task_leases_expiry`.
+DUE_FOR_SWEEP = """SELECT EXISTS (SELECT 1 FROM task_leases WHERE expires_at < statement_timestamp())
+    OR EXISTS (SELECT 1 FROM tasks WHERE escalate_at <= statement_timestamp())"""
+
+
 async def due_for_sweep(pool: Any) -> bool:
     """A cheap look, outside the writer, at whether a sweep has anything to do."""
-    return bool(await pool.fetchval(
-        """SELECT EXISTS (SELECT 1 FROM task_leases WHERE expires_at < clock_timestamp())
-               OR EXISTS (SELECT 1 FROM tasks WHERE escalate_at <= clock_timestamp())"""
-    ))
+    return bool(await pool.fetchval(DUE_FOR_SWEEP))
