@@ -314,12 +314,17 @@ def _claim_sql(projects: Sequence[str] | None, *, select: str = "body::text AS b
     (80 ms a claim behind 130,000 pending tasks elsewhere). With one project,
     `project` leads the ORDER BY (one value: the same order) so that only
     tasks_claimable_by_project serves it: a generic plan for the LIMIT 1 of
-    anything_to_claim otherwise took tasks_claimable too (60 ms a poll)."""
+    anything_to_claim otherwise took tasks_claimable too (60 ms a poll).
+    That alone did not hold once the table had statistics: PostgreSQL drops a
+    sort key fixed to one value, so both indexes gave claim order and the
+    generic plan took tasks_claimable again. Its predicate now carries
+    `project <> ''` (sql/011_claim_index_for_any_project.sql), which only the
+    other claims state, so a one-project claim cannot use it at all."""
     order = "priority DESC, created_seq"
     if projects is None:
-        project = "$2::text[] IS NULL"
+        project = "$2::text[] IS NULL AND project <> ''"
     elif len(projects) > 1:
-        project = "project = ANY($2::text[])"
+        project = "project = ANY($2::text[]) AND project <> ''"
     else:
         project, order = "project = ($2::text[])[1]", "project, priority DESC, created_seq"
     return f"""

@@ -10,6 +10,7 @@ parameterised ones are explained under `plan_cache_mode = force_generic_plan`.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import asyncpg
@@ -17,13 +18,26 @@ import asyncpg
 from taskledger.service.writer import tasks as cmds
 
 
-async def _plan(pool: asyncpg.Pool, sql: str, *args: Any) -> list[dict[str, Any]]:
-    """Every node of the plan, for `sql` with `args` under a generic plan."""
-    async with pool.acquire() as c, c.transaction():
-        await c.execute("SET LOCAL enable_seqscan = off")
-        await c.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        stmt = await c.prepare(f"EXPLAIN (FORMAT JSON) {sql}")
-        raw = await stmt.fetchval(*args)
+async def _plan(pool: asyncpg.Pool, sql: str, *args: str, without: str | None = None) -> list[dict[str, Any]]:
+    """Every node of the generic plan of `sql`, its parameters given as typed SQL
+    literals (`"'{a}'::text[]"`), `without` an index (dropped for the look and
+    restored). PREPARE and EXECUTE: an EXPLAIN sent with parameters would plan
+    with their values, a custom plan."""
+    name = f"probe_{uuid.uuid4().hex[:8]}"
+    types = "(" + ", ".join(a.rsplit("::", 1)[1] for a in args) + ")" if args else ""
+    values = "(" + ", ".join(args) + ")" if args else ""
+    async with pool.acquire() as c:
+        await c.execute("BEGIN")
+        try:
+            if without is not None:
+                await c.execute(f"DROP INDEX {without}")
+            await c.execute("SET LOCAL enable_seqscan = off")
+            await c.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            await c.execute(f"PREPARE {name}{types} AS {sql}")
+            raw = await c.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE {name}{values}")
+        finally:
+            await c.execute("ROLLBACK")  # a dropped index comes back
+            await c.execute(f"DEALLOCATE {name}")
     nodes: list[dict[str, Any]] = []
 
     def walk(n: dict[str, Any]) -> None:
@@ -35,8 +49,16 @@ async def _plan(pool: asyncpg.Pool, sql: str, *args: Any) -> list[dict[str, Any]
     return nodes
 
 
+def _project_index(nodes: list[dict[str, Any]]) -> bool:
+    """The plan looks the project up in an index (`project = ...` as an index condition)."""
+    return any("project =" in n.get("Index Cond", "") for n in nodes)
+
+
 def _index_cond_on(nodes: list[dict[str, Any]], table: str, column: str) -> bool:
     return any(n.get("Relation Name") == table and column in n.get("Index Cond", "") for n in nodes)
+
+
+_CLAIM_ARGS = ("'{implement}'::text[]", "'{p}'::text[]", "'w'::text", "'n'::text")
 
 
 async def test_the_sweepers_poll_looks_up_its_indexes(pool: asyncpg.Pool) -> None:
@@ -50,8 +72,21 @@ async def test_a_claim_and_a_collect_keep_to_their_project(pool: asyncpg.Pool) -
     # one project: the claim (and the idle worker's look before it) walks its
     # project's part of tasks_claimable_by_project, not every project's backlog
     for select, limit in (("body::text AS body", 115), ("1", 1)):
-        nodes = await _plan(pool, cmds._claim_sql(["p"], select=select, limit=limit),
-                            ["implement"], ["p"], "w", "n")
-        assert _index_cond_on(nodes, "tasks", "project"), nodes
-    nodes = await _plan(pool, cmds._COLLECT_SQL, "p", 10)
-    assert _index_cond_on(nodes, "tasks", "project"), nodes
+        nodes = await _plan(pool, cmds._claim_sql(["p"], select=select, limit=limit), *_CLAIM_ARGS)
+        assert _project_index(nodes), nodes
+    nodes = await _plan(pool, cmds._COLLECT_SQL, "'p'::text", "10::int")
+    assert _project_index(nodes), nodes
+
+
+async def test_only_a_claim_across_projects_may_walk_every_projects_backlog(pool: asyncpg.Pool) -> None:
+    # Which of the two claim-ordered indexes a one-project claim walks was the
+    # planner's choice by cost, and statistics tipped it to tasks_claimable.
+    # Without its own project's index, it must still not be able to use it.
+    for select, limit in (("body::text AS body", 115), ("1", 1)):
+        nodes = await _plan(pool, cmds._claim_sql(["p"], select=select, limit=limit), *_CLAIM_ARGS,
+                            without="tasks_claimable_by_project")
+        assert "tasks_claimable" not in [n.get("Index Name") for n in nodes], nodes
+    for projects, literal in ((None, "NULL::text[]"), (["p", "q"], "'{p,q}'::text[]")):
+        nodes = await _plan(pool, cmds._claim_sql(projects), _CLAIM_ARGS[0], literal, *_CLAIM_ARGS[2:],
+                            without="tasks_claimable_by_project")
+        assert "tasks_claimable" in [n.get("Index Name") for n in nodes], nodes
