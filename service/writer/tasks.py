@@ -317,14 +317,14 @@ def _claim_sql(projects: Sequence[str] | None, *, select: str = "body::text AS b
     anything_to_claim otherwise took tasks_claimable too (60 ms a poll).
     That alone did not hold once the table had statistics: PostgreSQL drops a
     sort key fixed to one value, so both indexes gave claim order and the
-    generic plan took tasks_claimable again. Its predicate now carries
-    `project <> ''` (sql/011_claim_index_for_any_project.sql), which only the
-    other claims state, so a one-project claim cannot use it at all."""
+    plan took tasks_claimable again. Its predicate now carries
+    `created_seq > 0` (sql/011_claim_index_for_any_project.sql), which only
+    the other claims state, so a one-project claim cannot use it at all."""
     order = "priority DESC, created_seq"
     if projects is None:
-        project = "$2::text[] IS NULL AND project <> ''"
+        project = "$2::text[] IS NULL AND created_seq > 0"
     elif len(projects) > 1:
-        project = "project = ANY($2::text[]) AND project <> ''"
+        project = "project = ANY($2::text[]) AND created_seq > 0"
     else:
         project, order = "project = ($2::text[])[1]", "project, priority DESC, created_seq"
     return f"""

@@ -18,7 +18,8 @@ import asyncpg
 from taskledger.service.writer import tasks as cmds
 
 
-async def _plan(pool: asyncpg.Pool, sql: str, *args: str, without: str | None = None) -> list[dict[str, Any]]:
+async def _plan(pool: asyncpg.Pool, sql: str, *args: str, without: str | None = None,
+                plans: str = "force_generic_plan") -> list[dict[str, Any]]:
     """Every node of the generic plan of `sql`, its parameters given as typed SQL
     literals (`"'{a}'::text[]"`), `without` an index (dropped for the look and
     restored). PREPARE and EXECUTE: an EXPLAIN sent with parameters would plan
@@ -32,7 +33,7 @@ async def _plan(pool: asyncpg.Pool, sql: str, *args: str, without: str | None = 
             if without is not None:
                 await c.execute(f"DROP INDEX {without}")
             await c.execute("SET LOCAL enable_seqscan = off")
-            await c.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            await c.execute(f"SET LOCAL plan_cache_mode = {plans}")
             await c.execute(f"PREPARE {name}{types} AS {sql}")
             raw = await c.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE {name}{values}")
         finally:
@@ -81,11 +82,13 @@ async def test_a_claim_and_a_collect_keep_to_their_project(pool: asyncpg.Pool) -
 async def test_only_a_claim_across_projects_may_walk_every_projects_backlog(pool: asyncpg.Pool) -> None:
     # Which of the two claim-ordered indexes a one-project claim walks was the
     # planner's choice by cost, and statistics tipped it to tasks_claimable.
-    # Without its own project's index, it must still not be able to use it.
+    # Without its own project's index, it must still not be able to use it,
+    # planned for any project or for its own.
     for select, limit in (("body::text AS body", 115), ("1", 1)):
-        nodes = await _plan(pool, cmds._claim_sql(["p"], select=select, limit=limit), *_CLAIM_ARGS,
-                            without="tasks_claimable_by_project")
-        assert "tasks_claimable" not in [n.get("Index Name") for n in nodes], nodes
+        for plans in ("force_generic_plan", "force_custom_plan"):
+            nodes = await _plan(pool, cmds._claim_sql(["p"], select=select, limit=limit), *_CLAIM_ARGS,
+                                without="tasks_claimable_by_project", plans=plans)
+            assert "tasks_claimable" not in [n.get("Index Name") for n in nodes], (plans, nodes)
     for projects, literal in ((None, "NULL::text[]"), (["p", "q"], "'{p,q}'::text[]")):
         nodes = await _plan(pool, cmds._claim_sql(projects), _CLAIM_ARGS[0], literal, *_CLAIM_ARGS[2:],
                             without="tasks_claimable_by_project")
