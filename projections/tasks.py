@@ -134,7 +134,8 @@ async def save(conn: Any, states: Iterable[TaskState], created: dict[str, int] |
     states = list(states)
     if not states:
         return
-    await conn.execute(*save_statement(states, created, table=table))
+    sql, args = save_statement(states, created, table=table)
+    await conn.execute(sql, *args)
 
 
 def save_statement(states: Sequence[TaskState], created: dict[str, int] | None = None,
