@@ -15,7 +15,8 @@ for the first events, and written with COPY. Then, in the same run:
 * the fold alone, in memory, over the first `--fold-events` events: µs per
   event of the payload decode, of `evolve` and of the rebuild's `fold_page`;
 * rebuild of each projection (tasks, blockers, jobs) through
-  `projections.framework.rebuild`, i.e. shadow tables and the atomic swap;
+  `projections.framework.rebuild`, i.e. shadow tables and the atomic swap (the
+  seeded log has no blocker or job events: those two read none of its rows);
 * a check of the tasks projection (fold again, compare row by row).
 """
 

@@ -105,12 +105,29 @@ async def event_json_at(conn: Any, seq: int) -> str | None:
 # ------------------------------------------------------------------ pages for the projections
 
 
-async def read_page(conn: Any, prefix: str, after: int, upto: int) -> list[LogEvent]:
-    """The events of streams starting with `prefix` with `after` < seq <= `upto`, in seq order."""
+async def read_page(conn: Any, prefix: str, after: int, upto: int, types: Sequence[str] = ()) -> list[LogEvent]:
+    """The events of streams starting with `prefix` with `after` < seq <= `upto`, in seq order;
+    with `types`, only the events of those types (the server skips the others unformatted)."""
+    if types:
+        rows = await conn.fetch(
+            f"SELECT {LOG_EVENT_SQL} FROM events WHERE seq > $1 AND seq <= $2 "
+            "AND left(stream, $3) = $4 AND type = ANY($5::text[]) ORDER BY seq",
+            after, upto, len(prefix), prefix, list(types),
+        )
+    else:
+        rows = await conn.fetch(
+            f"SELECT {LOG_EVENT_SQL} FROM events WHERE seq > $1 AND seq <= $2 "
+            "AND left(stream, $3) = $4 ORDER BY seq",
+            after, upto, len(prefix), prefix,
+        )
+    return [log_event_from_row(r) for r in rows]
+
+
+async def read_stream_firsts(conn: Any, streams: Sequence[str]) -> list[LogEvent]:
+    """The first event of each of `streams` that has one (in seq order)."""
     rows = await conn.fetch(
-        f"SELECT {LOG_EVENT_SQL} FROM events WHERE seq > $1 AND seq <= $2 "
-        "AND left(stream, $3) = $4 ORDER BY seq",
-        after, upto, len(prefix), prefix,
+        f"SELECT {LOG_EVENT_SQL} FROM events WHERE stream = ANY($1::text[]) AND stream_seq = 1 ORDER BY seq",
+        list(streams),
     )
     return [log_event_from_row(r) for r in rows]
 

@@ -17,13 +17,13 @@ from taskledger.projections.framework import Projection, Table
 
 TASKS: Final = Projection(
     name="tasks", version=tasks.VERSION, tables=(Table("tasks", "id"),), streams="task:",
-    new_fold=lambda: tasks.TaskFold(write="tasks"),
+    new_fold=tasks.TaskFold,
     as_of=tasks.state_as_of,
 )
 
 BLOCKERS: Final = Projection(
     name="blockers", version=1, tables=(Table("blockers", "id"),), streams="task:",
-    new_fold=lambda: tasks.TaskFold(write="blockers"),
+    new_fold=tasks.BlockerFold, types=tasks.BLOCKER_EVENTS,
 )
 
 JOBS: Final = Projection(

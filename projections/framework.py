@@ -108,6 +108,8 @@ class Projection:
     """Stream prefix this projection folds, e.g. ``task:``."""
     new_fold: Callable[[], Fold]
     inline: bool = True
+    types: tuple[str, ...] = ()
+    """The event types the fold reads (empty: every type); the read leaves the others in the server."""
     as_of: Callable[[Any, str, int], Awaitable[Any]] | None = None
     """`as_of(conn, key, seq)`: one entity's state after `seq`, folded from the log."""
 
@@ -184,10 +186,10 @@ async def fold_range(
                 else:
                     if reader is None:
                         await _idle(fold)
-                    page = await store.read_page(reader or conn, p.streams, pos, end)
+                    page = await store.read_page(reader or conn, p.streams, pos, end, p.types)
                 if reader is not None and end < upto:
                     ahead = asyncio.ensure_future(
-                        store.read_page(reader, p.streams, end, min(end + page_seqs, upto)))
+                        store.read_page(reader, p.streams, end, min(end + page_seqs, upto), p.types))
                 if page:
                     await fold.apply(conn, page, tables)
                 pos = end
@@ -528,7 +530,7 @@ async def advance(conn: Any, p: Projection, fold: Fold, *, page_seqs: int = PAGE
                     fold.reset()
                     pos = int(cur)
                     continue
-                page = await store.read_page(conn, p.streams, pos, end)
+                page = await store.read_page(conn, p.streams, pos, end, p.types)
                 if page:
                     await fold.apply(conn, page, tables)
                     await settle(fold, conn)

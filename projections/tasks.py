@@ -8,7 +8,7 @@ that queries filter and order on. Blockers are folded from `task.blocked`,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, NamedTuple, Protocol
 
 import asyncpg
@@ -16,7 +16,15 @@ import msgspec
 
 from taskledger import log as store
 from taskledger.events.task import events as task_events
-from taskledger.events.task.events import CheckerReport, TaskBlocked, TaskCancelled, TaskEvent, TaskUnblocked, Unmet
+from taskledger.events.task.events import (
+    CheckerReport,
+    TaskBlocked,
+    TaskCancelled,
+    TaskCreated,
+    TaskEvent,
+    TaskUnblocked,
+    Unmet,
+)
 from taskledger.events.task.rules import escalate_at
 from taskledger.events.task.state import TaskState, evolve, evolve_owned
 from taskledger.log import RecordedEvent
@@ -51,13 +59,14 @@ _dec_blocker = msgspec.json.Decoder(Blocker)
 
 
 def evolve_blocker(
-    b: Blocker | None, task: TaskState, ev: TaskEvent, *, seq: int, at: str
+    b: Blocker | None, task_id: str, project: str, ev: TaskEvent, *, seq: int, at: str
 ) -> Blocker | None:
-    """The blocker touched by `ev` on `task` (state before the event), if any."""
+    """The blocker `ev` touches on the task `task_id` of `project`, if any; `b` is the task's
+    blocker before the event (the one its `blocker_id` names)."""
     match ev:
         case TaskBlocked():
             return Blocker(
-                id=ev.blocker_id, task_id=task.id, project=task.project, reason=ev.reason,
+                id=ev.blocker_id, task_id=task_id, project=project, reason=ev.reason,
                 unmet_requirements=list(ev.unmet_requirements), category=ev.category,
                 attempt=ev.attempt, opened_seq=seq, opened_at=at, reports=list(ev.reports),
             )
@@ -76,7 +85,7 @@ def fold_one(
     """The one fold of a task event into its task row and the blocker it touches
     (`b`: the open blocker `s` names, if any). The command path and the rebuild
     both fold through here."""
-    nb = evolve_blocker(b, s, ev, seq=seq, at=at) if s is not None else None
+    nb = evolve_blocker(b, s.id, s.project, ev, seq=seq, at=at) if s is not None else None
     return evolve(s, ev, seq=seq, version=version, at=at), nb
 
 
@@ -380,21 +389,56 @@ _COLUMNS = ["id", "project", "task_type", "state", "parent_task_id", "subtask_ro
             "escalate_at", "body"]
 
 
-def copy_records(states: Iterable[TaskState], created: dict[str, int]) -> Iterator[tuple[Any, ...]]:
-    """Rows for COPY into a table of the tasks shape (`_COLUMNS`), for rows not there yet.
+_NULL: Final = "\\N"
+_COPY_ESCAPES: Final = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
-    Made as COPY sends them, so PostgreSQL parses the first rows while the next are encoded."""
-    return ((s.id, s.project, s.task_type, s.state, s.parent_task_id, s.subtask_round, s.is_parent, s.priority,
-             s.assignee, list(s.node_blacklist), s.maker_node, s.maker_worker, created[s.id], s.version, s.seq,
-             escalate_at(s), _enc.encode(s).decode()) for s in states)
+
+def _copy_text(v: str | None) -> str:
+    """A text value as COPY's text format writes it (None as NULL)."""
+    if v is None:
+        return _NULL
+    if "\\" in v or "\t" in v or "\n" in v or "\r" in v:
+        return v.translate(_COPY_ESCAPES)
+    return v
+
+
+def copy_lines(states: Iterable[TaskState], created: dict[str, int]) -> Iterator[bytes]:
+    """Rows in COPY's text format for a table of the tasks shape (`_COLUMNS`), for rows not there yet.
+
+    Written by hand rather than handed to asyncpg as tuples for binary COPY: its
+    per-column encoding cost twice what formatting the line does (the `body` goes
+    as JSON text either way; PostgreSQL parses it into jsonb the same)."""
+    t, enc = _copy_text, _enc.encode
+    for s in states:
+        ea = escalate_at(s)
+        blacklist = "{" + ",".join(_pg_text(n) for n in s.node_blacklist) + "}" if s.node_blacklist else "{}"
+        yield (f"{t(s.id)}\t{t(s.project)}\t{t(s.task_type)}\t{t(s.state)}\t{t(s.parent_task_id)}\t"
+               f"{_NULL if s.subtask_round is None else s.subtask_round}\t{'t' if s.is_parent else 'f'}\t"
+               f"{s.priority}\t{t(s.assignee)}\t{t(blacklist)}\t{t(s.maker_node)}\t{t(s.maker_worker)}\t"
+               f"{created[s.id]}\t{s.version}\t{s.seq}\t{_NULL if ea is None else ea.isoformat()}\t"
+               ).encode() + enc(s).replace(b"\\", b"\\\\") + b"\n"
+
+
+async def _chunks(lines: Iterable[bytes], size: int = 256 * 1024) -> AsyncIterator[bytes]:
+    """`lines` joined into chunks of about `size` bytes, made as COPY sends them: PostgreSQL
+    parses the first rows while the next are formatted."""
+    buf: list[bytes] = []
+    n = 0
+    for line in lines:
+        buf.append(line)
+        n += len(line)
+        if n >= size:
+            yield b"".join(buf)
+            buf, n = [], 0
+    if buf:
+        yield b"".join(buf)
 
 
 class TaskFold:
-    """The fold of `task:` streams into task rows or blocker rows (one `Fold` each).
+    """The fold of `task:` streams into task rows.
 
-    Task states are cached between pages, at most `cache_max` of them. For the
-    task rows the cache reloads from the rows being written; for blockers
-    (which do not write task rows) an evicted task is folded again from the log.
+    Task states are cached between pages, at most `cache_max` of them; an
+    evicted one reloads from the rows being written.
 
     Task rows are written once each where possible: a changed state stays in
     the cache until it is evicted or the fold is flushed, then rows new to the
@@ -406,12 +450,9 @@ class TaskFold:
     place (`fold_page`); a state leaves the cache before its row is written.
     """
 
-    def __init__(self, *, write: str, cache_max: int = 50_000) -> None:
-        assert write in ("tasks", "blockers")
-        self.write = write
+    def __init__(self, *, cache_max: int = 50_000) -> None:
         self.cache_max = cache_max
         self.states: dict[str, TaskState] = {}
-        self.blockers: dict[str, Blocker] = {}
         self._dirty: dict[str, None] = {}
         self._born: dict[str, int] = {}
         # ids that may have a row: an upsert is right for them, COPY would collide.
@@ -423,7 +464,6 @@ class TaskFold:
 
     def reset(self) -> None:
         self.states.clear()
-        self.blockers.clear()
         self._dirty.clear()
         self._born.clear()
         if self._writing is not None:
@@ -457,8 +497,8 @@ class TaskFold:
 
     async def _write(self, fresh: list[TaskState], again: list[TaskState], born: dict[str, int]) -> None:
         if fresh:
-            await self._conn.copy_records_to_table(self._table, records=copy_records(fresh, born),
-                                                   columns=_COLUMNS)
+            await self._conn.copy_to_table(self._table, source=_chunks(copy_lines(fresh, born)),
+                                           columns=_COLUMNS, format="text")
         if again:
             await save(self._conn, again, {}, table=self._table)
 
@@ -473,30 +513,12 @@ class TaskFold:
                    if e.stream_seq > 1 and task_id_of(s) not in self.states]
         if missing:
             await self.idle()  # the rows being written may be the ones to reload; `conn` is theirs
-            await self._load(conn, missing, page[0].seq, tables)
-        changed: list[str] = []
-        if self.write == "tasks":
-            self._conn, self._table = conn, tables["tasks"]
-            changed, created, _ = fold_page(self.states, None, page)
-            self._dirty.update(dict.fromkeys(changed))
-            self._born.update(created)
-        else:
-            bids = {s.blocker_id for t in first
-                    if (s := self.states.get(task_id_of(t))) is not None and s.blocker_id is not None}
-            need = [b for b in bids if b not in self.blockers]
-            if need:
-                rows = await conn.fetch(
-                    f"SELECT body::text AS body FROM {tables['blockers']} WHERE id = ANY($1::text[])", need)
-                for r in rows:
-                    b = _dec_blocker.decode(r["body"])
-                    self.blockers[b.id] = b
-            _, _, changed_b = fold_page(self.states, self.blockers, page)
-            await save_blockers(conn, [self.blockers[b] for b in changed_b], table=tables["blockers"])
+            await self._load(conn, missing, tables)
+        self._conn, self._table = conn, tables["tasks"]
+        changed, created, _ = fold_page(self.states, None, page)
+        self._dirty.update(dict.fromkeys(changed))
+        self._born.update(created)
         if len(self.states) > self.cache_max:
-            if self.write == "blockers":  # states refold from the log, blockers reload from their rows
-                self.states.clear()
-                self.blockers.clear()
-                return
             # evict what this page left alone (reloaded from its row if needed again), writing what changed
             keep = dict.fromkeys(changed)
             gone = [i for i in self.states if i not in keep]
@@ -505,16 +527,78 @@ class TaskFold:
             for i in gone:
                 del self.states[i]
 
-    async def _load(self, conn: Any, ids: list[str], before_seq: int, tables: Any) -> None:
-        if self.write == "tasks":
-            rows = await conn.fetch(
-                f"SELECT body::text AS body FROM {tables['tasks']} WHERE id = ANY($1::text[])", ids)
-            for r in rows:
-                s = _dec_state.decode(r["body"])
-                self.states[s.id] = s
-            return
-        events = await store.read_stream_before(conn, [f"task:{i}" for i in ids], before_seq)
-        fold_page(self.states, None, events)
+    async def _load(self, conn: Any, ids: list[str], tables: Any) -> None:
+        rows = await conn.fetch(
+            f"SELECT body::text AS body FROM {tables['tasks']} WHERE id = ANY($1::text[])", ids)
+        for r in rows:
+            s = _dec_state.decode(r["body"])
+            self.states[s.id] = s
+
+
+BLOCKER_EVENTS: Final = ("task.blocked", "task.unblocked", "task.cancelled")
+"""The task events that open or close a blocker: the blocker fold reads no others."""
+
+
+def fold_blocker_page(
+    latest: dict[str, Blocker | None], projects: Mapping[str, str], page: Sequence[StoredEvent],
+) -> dict[str, Blocker]:
+    """Pure: fold the `BLOCKER_EVENTS` of `page` into `latest` (task id -> the task's latest
+    blocker, None for none; it must hold every task of `page`), returning the changed blockers.
+
+    The same rows as folding every event of the task through `fold_one`: a task's
+    `blocker_id` is set by `task.blocked` and cleared by `task.unblocked` alone, so the
+    blocker it names is the task's latest one while that is open, and an unblock or a
+    cancel changes only an open blocker. `projects` gives the project of each task that
+    is blocked in `page` without an earlier blocker (a task's project never changes).
+    """
+    changed: dict[str, Blocker] = {}
+    decode = task_events.decode
+    for e in page:
+        tid = task_id_of(e.stream)
+        b = latest[tid]
+        nb = evolve_blocker(b, tid, b.project if b is not None else projects.get(tid, ""),
+                            decode(e.type, e.data), seq=e.seq, at=e.recorded_at)
+        if nb is not None:
+            latest[tid] = changed[nb.id] = nb
+    return changed
+
+
+class BlockerFold:
+    """The fold of `task:` streams into blocker rows, from `BLOCKER_EVENTS` alone (the read
+    filters the rest out in the server: most task events touch no blocker).
+
+    Each task's latest blocker is cached, at most `cache_max` tasks; a task not
+    cached is looked up in the rows being written, and a task blocked for the first
+    time finds its project in its stream's first event (`task.created`).
+    """
+
+    def __init__(self, *, cache_max: int = 50_000) -> None:
+        self.cache_max = cache_max
+        self.latest: dict[str, Blocker | None] = {}
+
+    def reset(self) -> None:
+        self.latest.clear()
+
+    async def apply(self, conn: Any, page: Sequence[StoredEvent], tables: Any) -> None:
+        table = tables["blockers"]
+        missing = list(dict.fromkeys(t for e in page if (t := task_id_of(e.stream)) not in self.latest))
+        if missing:
+            found = {b.task_id: b for b in (_dec_blocker.decode(r["body"]) for r in await conn.fetch(
+                f"SELECT DISTINCT ON (task_id) body::text AS body FROM {table} WHERE task_id = ANY($1::text[]) "
+                "ORDER BY task_id, opened_seq DESC", missing))}
+            for t in missing:
+                self.latest[t] = found.get(t)
+        first_blocked = [t for t in dict.fromkeys(task_id_of(e.stream) for e in page if e.type == "task.blocked")
+                         if self.latest[t] is None]
+        projects: dict[str, str] = {}
+        if first_blocked:
+            for e in await store.read_stream_firsts(conn, [f"task:{t}" for t in first_blocked]):
+                if isinstance(ev := task_events.decode(e.type, e.data), TaskCreated):
+                    projects[task_id_of(e.stream)] = ev.project
+        changed = fold_blocker_page(self.latest, projects, page)
+        await save_blockers(conn, changed.values(), table=table)
+        if len(self.latest) > self.cache_max:
+            self.latest.clear()
 
 
 async def history(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final, Literal, get_args
 
 import msgspec
@@ -143,99 +143,170 @@ def _panel(s: TaskState, kept: list[str], new: list[str]) -> dict[str, Any]:
     }
 
 
+# What each event changes on the state before it: one function per event class,
+# `(state, event, at) -> {field: new value}`, found by the event's class. A fold
+# calls this for every event of the log; a `match` tried the classes in order (the
+# 21st cost 1.4 µs against 0.4 µs for the first), the table costs one look-up.
+
+def _ready(at: str) -> dict[str, Any]:
+    return {"ready_at": at, "escalated": False}
+
+
+def _created(s: TaskState, ev: TaskCreated, at: str) -> dict[str, Any]:
+    raise ValueError("task.created on an existing stream")
+
+
+def _claimed(s: TaskState, ev: TaskClaimed, at: str) -> dict[str, Any]:
+    return {"state": "claimed", "node": ev.node, "worker": ev.worker, "token_id": ev.token_id,
+            "lease_id": ev.lease_id, "lease_expires_at": ev.lease_expires_at, "attempt": ev.attempt,
+            "escalated": False, "ready_at": None}
+
+
+def _started(s: TaskState, ev: TaskStarted, at: str) -> dict[str, Any]:
+    return {"state": "running"}
+
+
+def _completed(s: TaskState, ev: TaskCompleted, at: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"state": "completed", "result": ev.result, **_NO_LEASE}
+    if s.task_type == "verify":
+        out |= {"outcome": ev.outcome, "verify_verdicts": list(ev.verdicts), "category": ev.category}
+    else:
+        out |= {"maker_node": s.node, "maker_worker": s.worker}
+    return out
+
+
+def _verifying(s: TaskState, ev: TaskVerifying, at: str) -> dict[str, Any]:
+    return {**_panel(s, [], list(ev.verifier_task_ids)), "verdicts": [], "reverify_count": 0,
+            "maker_node": ev.maker_node, "maker_worker": ev.maker_worker}
+
+
+def _verdict(s: TaskState, ev: TaskVerdict, at: str) -> dict[str, Any]:
+    return {"verdicts": [*s.verdicts, _record(ev)]}
+
+
+def _verified(s: TaskState, ev: TaskVerified, at: str) -> dict[str, Any]:
+    return {"state": "verified"}
+
+
+def _rejected(s: TaskState, ev: TaskRejected, at: str) -> dict[str, Any]:
+    return {"state": "rejected"}
+
+
+def _retry_scheduled(s: TaskState, ev: TaskRetryScheduled, at: str) -> dict[str, Any]:
+    return {"state": "pending", "attempt": ev.attempt, "rework_notes": list(ev.rework_notes),
+            "verifier_task_ids": [], "verdicts": [], "previous_verdicts": s.verdicts or s.previous_verdicts,
+            **_UNHELD, **_ready(at)}
+
+
+def _blocked(s: TaskState, ev: TaskBlocked, at: str) -> dict[str, Any]:
+    return {"state": "blocked", "blocker_id": ev.blocker_id, "blockers_opened": s.blockers_opened + 1,
+            **_NO_LEASE}
+
+
+def _reverify_scheduled(s: TaskState, ev: TaskReverifyScheduled, at: str) -> dict[str, Any]:
+    return {**_panel(s, list(ev.kept_verifier_task_ids), list(ev.verifier_task_ids)),
+            "reverify_count": s.reverify_count + 1}
+
+
+def _unblocked(s: TaskState, ev: TaskUnblocked, at: str) -> dict[str, Any]:
+    if ev.action == "retry":
+        return {"state": "pending", "attempt": ev.attempt, "blocker_id": None,
+                "rework_notes": list(ev.rework_notes), "operator_notes": ev.notes,
+                "verifier_task_ids": [], "verdicts": [], "previous_verdicts": s.verdicts or s.previous_verdicts,
+                **_UNHELD, **_ready(at)}
+    return {**_panel(s, list(ev.kept_verifier_task_ids), list(ev.verifier_task_ids)),
+            "blocker_id": None, "reverify_count": 0, "operator_notes": ev.notes}
+
+
+def _failed(s: TaskState, ev: TaskFailed, at: str) -> dict[str, Any]:
+    return {"state": "failed", "error": ev.error, **_NO_LEASE}
+
+
+def _lease_expired(s: TaskState, ev: TaskLeaseExpired, at: str) -> dict[str, Any]:
+    if ev.next_attempt is None:
+        return dict(_NO_LEASE)
+    return {"state": "pending", "attempt": ev.next_attempt, **_UNHELD, **_ready(at)}
+
+
+def _released(s: TaskState, ev: TaskReleased, at: str) -> dict[str, Any]:
+    return {"state": "pending", **_UNHELD, **_ready(at)}
+
+
+def _reassigned(s: TaskState, ev: TaskReassigned, at: str) -> dict[str, Any]:
+    return {"assignee": ev.assignee, **(_ready(at) if s.state == "pending" else {})}
+
+
+def _deadlettered(s: TaskState, ev: TaskDeadlettered, at: str) -> dict[str, Any]:
+    return {"state": "deadletter", **_NO_LEASE}
+
+
+def _cancelled(s: TaskState, ev: TaskCancelled, at: str) -> dict[str, Any]:
+    return {"state": "cancelled", "cancel_reason": ev.reason, **_NO_LEASE}
+
+
+def _collected(s: TaskState, ev: TaskCollected, at: str) -> dict[str, Any]:
+    return {"state": "collected", "collected": True}
+
+
+def _escalated(s: TaskState, ev: TaskEscalated, at: str) -> dict[str, Any]:
+    return {"escalated": True}
+
+
+def _subtask_added(s: TaskState, ev: TaskSubtaskAdded, at: str) -> dict[str, Any]:
+    first = {} if s.is_parent else {"is_parent": True, "round": ev.round, "state": "in_progress",
+                                     "ready_at": None, "escalated": False}
+    rounds = list(s.rounds)
+    if rounds and rounds[-1].round == ev.round:
+        rounds[-1] = msgspec.structs.replace(rounds[-1], subtask_ids=[*rounds[-1].subtask_ids, ev.subtask_id])
+    else:
+        rounds.append(RoundRecord(round=ev.round, subtask_ids=[ev.subtask_id]))
+    return {**first, "rounds": rounds}
+
+
+def _round_review(s: TaskState, ev: TaskRoundReview, at: str) -> dict[str, Any]:
+    return {"state": "round_review", **_ready(at), "rounds": [
+        msgspec.structs.replace(r, total=ev.total, done=ev.done, failed=ev.failed,
+                                cancelled=ev.cancelled) if r.round == ev.round else r
+        for r in s.rounds]}
+
+
+def _round_reopened(s: TaskState, ev: TaskRoundReopened, at: str) -> dict[str, Any]:
+    return {"state": "in_progress", "ready_at": None, "escalated": False}
+
+
+def _round_reviewed(s: TaskState, ev: TaskRoundReviewed, at: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"rounds": [
+        msgspec.structs.replace(r, decision=ev.decision, notes=ev.notes, goal_clear=ev.goal_clear,
+                                coverage=ev.coverage, next_round=ev.next_round,
+                                reviewed_by=ev.reviewer) if r.round == ev.round else r
+        for r in s.rounds]}
+    if ev.decision == "NEW_ROUND":
+        out |= {"round": ev.round + 1, "state": "in_progress", "ready_at": None, "escalated": False}
+    return out
+
+
+def _closed(s: TaskState, ev: TaskClosed, at: str) -> dict[str, Any]:
+    return {"state": "done", "ready_at": None}
+
+
+_CHANGES: Final[dict[type[Any], Callable[[TaskState, Any, str], dict[str, Any]]]] = {
+    TaskCreated: _created, TaskClaimed: _claimed, TaskStarted: _started, TaskCompleted: _completed,
+    TaskVerifying: _verifying, TaskVerdict: _verdict, TaskVerified: _verified, TaskRejected: _rejected,
+    TaskRetryScheduled: _retry_scheduled, TaskBlocked: _blocked, TaskReverifyScheduled: _reverify_scheduled,
+    TaskUnblocked: _unblocked, TaskFailed: _failed, TaskLeaseExpired: _lease_expired, TaskReleased: _released,
+    TaskReassigned: _reassigned, TaskDeadlettered: _deadlettered, TaskCancelled: _cancelled,
+    TaskCollected: _collected, TaskEscalated: _escalated, TaskSubtaskAdded: _subtask_added,
+    TaskRoundReview: _round_review, TaskRoundReopened: _round_reopened, TaskRoundReviewed: _round_reviewed,
+    TaskClosed: _closed,
+}
+
+
 def _changes(s: TaskState, ev: TaskEvent, at: str) -> dict[str, Any]:
     """The fields `ev` changes on `s`."""
-    ready = {"ready_at": at, "escalated": False}
-    match ev:
-        case TaskCreated():
-            raise ValueError("task.created on an existing stream")
-        case TaskClaimed():
-            return {"state": "claimed", "node": ev.node, "worker": ev.worker, "token_id": ev.token_id,
-                    "lease_id": ev.lease_id, "lease_expires_at": ev.lease_expires_at, "attempt": ev.attempt,
-                    "escalated": False, "ready_at": None}
-        case TaskStarted():
-            return {"state": "running"}
-        case TaskCompleted():
-            out: dict[str, Any] = {"state": "completed", "result": ev.result, **_NO_LEASE}
-            if s.task_type == "verify":
-                out |= {"outcome": ev.outcome, "verify_verdicts": list(ev.verdicts), "category": ev.category}
-            else:
-                out |= {"maker_node": s.node, "maker_worker": s.worker}
-            return out
-        case TaskVerifying():
-            return {**_panel(s, [], list(ev.verifier_task_ids)), "verdicts": [], "reverify_count": 0,
-                    "maker_node": ev.maker_node, "maker_worker": ev.maker_worker}
-        case TaskVerdict():
-            return {"verdicts": [*s.verdicts, _record(ev)]}
-        case TaskVerified():
-            return {"state": "verified"}
-        case TaskRejected():
-            return {"state": "rejected"}
-        case TaskRetryScheduled():
-            return {"state": "pending", "attempt": ev.attempt, "rework_notes": list(ev.rework_notes),
-                    "verifier_task_ids": [], "verdicts": [], "previous_verdicts": s.verdicts or s.previous_verdicts,
-                    **_UNHELD, **ready}
-        case TaskBlocked():
-            return {"state": "blocked", "blocker_id": ev.blocker_id, "blockers_opened": s.blockers_opened + 1,
-                    **_NO_LEASE}
-        case TaskReverifyScheduled():
-            return {**_panel(s, list(ev.kept_verifier_task_ids), list(ev.verifier_task_ids)),
-                    "reverify_count": s.reverify_count + 1}
-        case TaskUnblocked() if ev.action == "retry":
-            return {"state": "pending", "attempt": ev.attempt, "blocker_id": None,
-                    "rework_notes": list(ev.rework_notes), "operator_notes": ev.notes,
-                    "verifier_task_ids": [], "verdicts": [], "previous_verdicts": s.verdicts or s.previous_verdicts,
-                    **_UNHELD, **ready}
-        case TaskUnblocked():
-            return {**_panel(s, list(ev.kept_verifier_task_ids), list(ev.verifier_task_ids)),
-                    "blocker_id": None, "reverify_count": 0, "operator_notes": ev.notes}
-        case TaskFailed():
-            return {"state": "failed", "error": ev.error, **_NO_LEASE}
-        case TaskLeaseExpired(next_attempt=None):
-            return dict(_NO_LEASE)
-        case TaskLeaseExpired():
-            return {"state": "pending", "attempt": ev.next_attempt, **_UNHELD, **ready}
-        case TaskReleased():
-            return {"state": "pending", **_UNHELD, **ready}
-        case TaskReassigned():
-            return {"assignee": ev.assignee, **(ready if s.state == "pending" else {})}
-        case TaskDeadlettered():
-            return {"state": "deadletter", **_NO_LEASE}
-        case TaskCancelled():
-            return {"state": "cancelled", "cancel_reason": ev.reason, **_NO_LEASE}
-        case TaskCollected():
-            return {"state": "collected", "collected": True}
-        case TaskEscalated():
-            return {"escalated": True}
-        case TaskSubtaskAdded():
-            first = {} if s.is_parent else {"is_parent": True, "round": ev.round, "state": "in_progress",
-                                             "ready_at": None, "escalated": False}
-            rounds = list(s.rounds)
-            if rounds and rounds[-1].round == ev.round:
-                rounds[-1] = msgspec.structs.replace(rounds[-1], subtask_ids=[*rounds[-1].subtask_ids,
-                                                                              ev.subtask_id])
-            else:
-                rounds.append(RoundRecord(round=ev.round, subtask_ids=[ev.subtask_id]))
-            return {**first, "rounds": rounds}
-        case TaskRoundReview():
-            return {"state": "round_review", **ready, "rounds": [
-                msgspec.structs.replace(r, total=ev.total, done=ev.done, failed=ev.failed,
-                                        cancelled=ev.cancelled) if r.round == ev.round else r
-                for r in s.rounds]}
-        case TaskRoundReopened():
-            return {"state": "in_progress", "ready_at": None, "escalated": False}
-        case TaskRoundReviewed():
-            out = {"rounds": [
-                msgspec.structs.replace(r, decision=ev.decision, notes=ev.notes, goal_clear=ev.goal_clear,
-                                        coverage=ev.coverage, next_round=ev.next_round,
-                                        reviewed_by=ev.reviewer) if r.round == ev.round else r
-                for r in s.rounds]}
-            if ev.decision == "NEW_ROUND":
-                out |= {"round": ev.round + 1, "state": "in_progress", "ready_at": None, "escalated": False}
-            return out
-        case TaskClosed():
-            return {"state": "done", "ready_at": None}
-    raise ValueError(f"unknown task event {ev!r}")
+    change = _CHANGES.get(type(ev))
+    if change is None:
+        raise ValueError(f"unknown task event {ev!r}")
+    return change(s, ev, at)
 
 
 def created(ev: TaskCreated, at: str) -> TaskState:

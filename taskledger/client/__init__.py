@@ -8,7 +8,9 @@ on httpx and httpx-sse, with the same methods.
                                  requirements=[Requirement(id="R1", text="GET /healthz answers 200")]))
 
 Errors are `taskledger.client.errors` exceptions (`NotFound`, `Conflict`,
-`InvalidTransition`, `LeaseMismatch`, ...) carrying the service's `code`.
+`InvalidTransition`, `LeaseMismatch`, ...) carrying the service's `code`; a
+refused batch (`create_tasks`, `start_batch`, `complete_batch`) names the entry
+it refused in `index`, and none of the batch was written.
 """
 
 from taskledger.client._call import Call, Retry
@@ -36,6 +38,7 @@ from taskledger.client.errors import (
 from taskledger.client.models import (
     Blocker,
     Claimed,
+    CompleteEntry,
     CreateTask,
     Delivery,
     Event,
@@ -44,9 +47,11 @@ from taskledger.client.models import (
     JobCommand,
     JobReport,
     Requirement,
+    StartEntry,
     StreamPage,
     Subtask,
     Task,
+    TaskBatch,
     TaskPage,
     Verdict,
     Verification,
@@ -55,10 +60,10 @@ from taskledger.client.models import (
 from taskledger.client.sync import Client
 
 __all__ = [
-    "AsyncClient", "Blocker", "Call", "Claimed", "Client", "Conflict", "CreateTask", "Delivery", "Event",
-    "EventPage", "Forbidden", "IdempotencyConflict", "InvalidTransition", "Job", "JobAlreadyCancelled",
+    "AsyncClient", "Blocker", "Call", "Claimed", "Client", "CompleteEntry", "Conflict", "CreateTask", "Delivery",
+    "Event", "EventPage", "Forbidden", "IdempotencyConflict", "InvalidTransition", "Job", "JobAlreadyCancelled",
     "JobCommand", "JobNotFound", "JobReport", "LeaseMismatch", "NotFound", "PayloadTooLarge", "Requirement",
-    "Retry", "ServerError", "StreamPage", "Subtask", "Task", "TaskNotFound", "TaskPage", "TaskledgerError",
-    "TooManyRequests", "TransportError", "Unauthorized", "Unavailable", "ValidationError", "Verdict",
-    "Verification", "VersionConflict", "Webhook",
+    "Retry", "ServerError", "StartEntry", "StreamPage", "Subtask", "Task", "TaskBatch", "TaskNotFound", "TaskPage",
+    "TaskledgerError", "TooManyRequests", "TransportError", "Unauthorized", "Unavailable", "ValidationError",
+    "Verdict", "Verification", "VersionConflict", "Webhook",
 ]

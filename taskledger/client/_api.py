@@ -3,6 +3,7 @@ binds every one of them as a method of both `Client` and `AsyncClient`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -18,6 +19,9 @@ from taskledger.client.models import (
     Collect,
     Collected,
     Complete,
+    CompleteBatch,
+    CompleteEntry,
+    CreateBatch,
     CreateJob,
     CreateTask,
     CreateToken,
@@ -33,9 +37,12 @@ from taskledger.client.models import (
     Reassign,
     Release,
     RoundReview,
+    StartBatch,
+    StartEntry,
     StreamPage,
     Subtask,
     Task,
+    TaskBatch,
     TaskPage,
     TaskType,
     TokenCreated,
@@ -53,6 +60,12 @@ def _p(value: str) -> str:
 def create_task(task: CreateTask) -> Call[Task]:
     """Create a task (producer). The answer is its view; `seq` is where it landed in the log."""
     return Call("POST", "/tasks", Task, body=task)
+
+
+def create_tasks(tasks: Sequence[CreateTask]) -> Call[TaskBatch]:
+    """Create up to 1,000 tasks in one transaction, all or none (producer), answered
+    in order; a refused task raises with its `index` and nothing is written."""
+    return Call("POST", "/tasks/batch", TaskBatch, body=CreateBatch(tasks=list(tasks)))
 
 
 def get_task(task_id: str, *, as_of_seq: int | None = None) -> Call[Task]:
@@ -89,10 +102,12 @@ def claim(*, task_types: list[TaskType] | None = None, projects: list[str] | Non
 
 
 def claim_batch(max: int, *, task_types: list[TaskType] | None = None, projects: list[str] | None = None,
-                lease_seconds: int = 60, idempotent: bool = True) -> Call[Claimed]:
+                lease_seconds: int = 60, start: bool = False, idempotent: bool = True) -> Call[Claimed]:
     """Claim up to `max` tasks in one call, each with a lease of its own (none when
-    there is nothing); `idempotent` as for `claim`."""
-    body = ClaimBatch(projects=projects, lease_seconds=lease_seconds, max=max)
+    there is nothing); with `start=True` each is started too, answered running
+    (`task.claimed` then `task.started`, as `claim` and `start` log them);
+    `idempotent` as for `claim`."""
+    body = ClaimBatch(projects=projects, lease_seconds=lease_seconds, max=max, start=start)
     if task_types is not None:
         body.task_types = list(task_types)
     return Call("POST", "/tasks/claim/batch", Claimed, body=body, idempotent=idempotent)
@@ -101,6 +116,12 @@ def claim_batch(max: int, *, task_types: list[TaskType] | None = None, projects:
 def start(task_id: str, lease_id: str) -> Call[Task]:
     """Report a claimed task running (lease holder)."""
     return Call("POST", f"/tasks/{_p(task_id)}/start", Task, body=Lease(lease_id=lease_id))
+
+
+def start_batch(tasks: Sequence[StartEntry]) -> Call[TaskBatch]:
+    """`start` for up to 1,000 claimed tasks in one transaction, each by its own lease,
+    all or none: a refused entry raises with its `index` and nothing is written."""
+    return Call("POST", "/tasks/start/batch", TaskBatch, body=StartBatch(tasks=list(tasks)))
 
 
 def heartbeat(task_id: str, lease_id: str, *, lease_seconds: int | None = None) -> Call[Task]:
@@ -115,6 +136,13 @@ def complete(task_id: str, lease_id: str, *, result: Any = None, outcome: Outcom
     verdict per requirement, and a `category` when BLOCKED."""
     return Call("POST", f"/tasks/{_p(task_id)}/complete", Task, body=Complete(
         lease_id=lease_id, result=result, outcome=outcome, verdicts=list(verdicts or []), category=category))
+
+
+def complete_batch(tasks: Sequence[CompleteEntry]) -> Call[TaskBatch]:
+    """`complete` for up to 1,000 running tasks in one transaction, each entry that
+    call's fields plus `task_id`, decided in order; all or none: a refused entry
+    raises with its `index` and nothing is written."""
+    return Call("POST", "/tasks/complete/batch", TaskBatch, body=CompleteBatch(tasks=list(tasks)))
 
 
 def fail(task_id: str, lease_id: str, *, error: str = "") -> Call[Task]:
@@ -245,14 +273,17 @@ class Operations:
     """Every operation of the service, as methods (sync or async by the client)."""
 
     create_task = Op(create_task)
+    create_tasks = Op(create_tasks)
     get_task = Op(get_task)
     list_tasks = Op(list_tasks)
     task_events = Op(task_events)
     claim = Op(claim)
     claim_batch = Op(claim_batch)
     start = Op(start)
+    start_batch = Op(start_batch)
     heartbeat = Op(heartbeat)
     complete = Op(complete)
+    complete_batch = Op(complete_batch)
     fail = Op(fail)
     release = Op(release)
     reassign = Op(reassign)

@@ -1,5 +1,6 @@
 """problem+json answers as exceptions: one class per family, each carrying the
-service's `code`, `status`, `title`, `detail` and the whole problem document."""
+service's `code`, `status`, `title`, `detail` and the whole problem document,
+and for a refused batch the `index` of the entry it is about."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ class TaskledgerError(Exception):
 
     status: int = 0
     code: str = "error"
+    index: int | None = None  # a batch's refused entry (the problem's first `errors[].index`)
 
     def __init__(self, detail: str, *, status: int | None = None, code: str | None = None,
                  title: str = "", problem: dict[str, Any] | None = None) -> None:
@@ -24,6 +26,7 @@ class TaskledgerError(Exception):
             self.code = code
         self.title = title
         self.problem: dict[str, Any] = problem or {}
+        self.index = _first_index(self.problem)
 
     def __str__(self) -> str:
         return f"{self.status} {self.code}: {self.detail}" if self.status else f"{self.code}: {self.detail}"
@@ -103,6 +106,15 @@ class Unavailable(TaskledgerError):
 
 class ServerError(TaskledgerError):
     status, code = 500, "internal_error"
+
+
+def _first_index(problem: dict[str, Any]) -> int | None:
+    errors = problem.get("errors")
+    for e in errors if isinstance(errors, list) else []:
+        i = e.get("index") if isinstance(e, dict) else None
+        if isinstance(i, int) and not isinstance(i, bool):
+            return i
+    return None
 
 
 _BY_CODE: dict[str, type[TaskledgerError]] = {

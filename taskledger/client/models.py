@@ -80,9 +80,11 @@ class Claim(_Request):
 
 
 class ClaimBatch(Claim):
-    """Claim up to `max` tasks at once, each with a lease of its own."""
+    """Claim up to `max` tasks at once, each with a lease of its own; with `start`
+    each is also started (its own `task.claimed` then `task.started`)."""
 
     max: int = 10
+    start: bool = False
 
 
 class ClaimJob(_Request):
@@ -142,6 +144,30 @@ class Complete(_Request):
     outcome: Outcome | None = None
     verdicts: list[Verdict] = []
     category: Category | None = None
+
+
+class StartEntry(Lease, kw_only=True):
+    """One entry of `start_batch`: a claimed task and the lease it was claimed with."""
+
+    task_id: str
+
+
+class CompleteEntry(Complete, kw_only=True):
+    """One entry of `complete_batch`: the body of `complete`, and the task it reports on."""
+
+    task_id: str
+
+
+class CreateBatch(_Request):
+    tasks: list[CreateTask]
+
+
+class StartBatch(_Request):
+    tasks: list[StartEntry]
+
+
+class CompleteBatch(_Request):
+    tasks: list[CompleteEntry]
 
 
 class Fail(_Request):
@@ -279,10 +305,14 @@ class Collected(msgspec.Struct, kw_only=True):
     tasks: list[Task]
 
 
-class Claimed(msgspec.Struct, kw_only=True):
-    """The tasks a batch claim took (none when there was nothing to claim)."""
+class TaskBatch(msgspec.Struct, kw_only=True):
+    """The views a batch route answers, in the order of its request."""
 
     tasks: list[Task]
+
+
+class Claimed(TaskBatch):
+    """The tasks a batch claim took (none when there was nothing to claim)."""
 
 
 class Event(msgspec.Struct, kw_only=True):

@@ -267,8 +267,7 @@ async def test_a_rebuild_that_evicts_its_cache_between_pages_writes_the_same_row
     for _ in range(2):
         await _busy_day(*actors)
     live = await pool.fetch("SELECT to_jsonb(t)::text AS r FROM tasks t ORDER BY id")
-    p = dataclasses.replace(catalog.TASKS, new_fold=lambda: tasks_view.TaskFold(
-        write="tasks", cache_max=cache_max))
+    p = dataclasses.replace(catalog.TASKS, new_fold=lambda: tasks_view.TaskFold(cache_max=cache_max))
     conn = await asyncpg.connect(db_url)
     reader = await asyncpg.connect(db_url)
     try:
@@ -278,4 +277,35 @@ async def test_a_rebuild_that_evicts_its_cache_between_pages_writes_the_same_row
         await reader.close()
     assert res.seq == await pool.fetchval("SELECT seq FROM log_head")
     assert await pool.fetch("SELECT to_jsonb(t)::text AS r FROM tasks t ORDER BY id") == live
+    assert await _check(pool) == []
+
+
+@pytest.mark.parametrize("cache_max", [0, 50_000])
+async def test_the_blocker_rebuild_reads_only_blocker_events_and_writes_the_same_rows(
+    harness: AppHarness, pool: asyncpg.Pool, db_url: str, cache_max: int
+) -> None:
+    # cache_max=0 forgets every task after each page: its latest blocker comes back
+    # from the rows written, its project from its stream's first event
+    producer, maker, checker = actors = await _actors(harness)
+    for _ in range(2):
+        await _busy_day(*actors)
+        proj = project()
+        blocked = await make(producer, maker, proj, max_attempts=1)
+        v = await claim(checker, proj, ["verify"])
+        assert v is not None
+        await complete_verify(checker, v, "FAIL")
+        await producer.ok(await producer.post(f"/tasks/{blocked['id']}/cancel", {"reason": "given up"}))
+    live = await pool.fetch("SELECT to_jsonb(b)::text AS r FROM blockers b ORDER BY id")
+    assert {r["r"].split('"resolution": ')[1].split(",")[0] for r in live} == {'"retry"', '"cancelled"'}
+    p = dataclasses.replace(catalog.BLOCKERS, new_fold=lambda: tasks_view.BlockerFold(cache_max=cache_max))
+    conn = await asyncpg.connect(db_url)
+    try:
+        async with conn.transaction():
+            page = await framework.store.read_page(conn, "task:", 0, 10**9, p.types)
+        assert page and {e.type for e in page} <= set(tasks_view.BLOCKER_EVENTS)
+        res = await framework.rebuild(conn, p, page_seqs=3, catch_up_under_lock=0)
+    finally:
+        await conn.close()
+    assert res.seq == await pool.fetchval("SELECT seq FROM log_head")
+    assert await pool.fetch("SELECT to_jsonb(b)::text AS r FROM blockers b ORDER BY id") == live
     assert await _check(pool) == []

@@ -30,6 +30,11 @@ PAIRS: list[tuple[type[msgspec.Struct], str, str]] = [
     (models.Heartbeat, "HeartbeatBody", "in"),
     (models.Verdict, "VerdictBody", "in"),
     (models.Complete, "CompleteBody", "in"),
+    (models.CreateBatch, "CreateBatch", "in"),
+    (models.StartEntry, "StartEntry", "in"),
+    (models.StartBatch, "StartBatch", "in"),
+    (models.CompleteEntry, "CompleteEntry", "in"),
+    (models.CompleteBatch, "CompleteBatch", "in"),
     (models.Fail, "FailBody", "in"),
     (models.Release, "ReleaseBody", "in"),
     (models.Reassign, "ReassignBody", "in"),
@@ -149,3 +154,14 @@ class _RequiresTooMuch(msgspec.Struct, kw_only=True):
 def test_the_check_catches_a_struct_that_disagrees(cls: type[msgspec.Struct], name: str, direction: str) -> None:
     with pytest.raises(AssertionError):
         check(cls, name, direction)
+
+
+@pytest.mark.parametrize("path", ["/tasks/batch", "/tasks/claim/batch", "/tasks/start/batch", "/tasks/complete/batch"])
+def test_every_batch_route_answers_what_task_batch_reads(path: str) -> None:
+    responses = SPEC["paths"][path]["post"]["responses"]
+    ok = next(r for status, r in responses.items() if status.startswith("2"))
+    schema = ok["content"]["application/json"]["schema"]
+    mine = _client_schema(models.TaskBatch)
+    assert set(mine["properties"]) == set(schema["properties"]) and mine["required"] == schema["required"]
+    assert schema["properties"]["tasks"]["items"] == {"$ref": "#/components/schemas/TaskState"}
+    assert issubclass(models.Claimed, models.TaskBatch)

@@ -191,3 +191,13 @@ def test_a_stream_starts_with_its_creation_and_only_once() -> None:
         evolve(BUSY, ev, seq=1, version=1, at=THEN)
     with pytest.raises(ValueError, match=r"^a task stream must start with task\.created, not task\.started$"):
         evolve(None, TaskStarted(worker="w"), seq=1, version=1, at=THEN)
+
+
+def test_every_event_of_the_union_has_its_change_and_no_other_class_has_one() -> None:
+    from taskledger.events.task import state as task_state
+    from taskledger.events.task.events import AnyTaskEvent
+
+    assert set(task_state._CHANGES) == set(AnyTaskEvent.__args__)
+    with pytest.raises(ValueError, match="unknown task event"):
+        evolve(BUSY, VerdictRecord(checker="a", verifier_task_id="V", outcome="PASS"),  # type: ignore[arg-type]
+               seq=1, version=1, at=THEN)
