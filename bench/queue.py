@@ -23,11 +23,14 @@ one `taskledger serve` (granian, one worker), every step back to back:
   claim->complete cycle (single routes; batch routes where the checkout has
   them) at 8 connections. `--compare-root DIR` runs this step first on another
   checkout's code (e.g. `git worktree add --detach ../base main`), then on
-  this one, each on a database of its own: before/after in one run.
-  (`--serve-root DIR` serves another checkout for every step.)
+  this one, each on a database of its own: before/after in one run
+  (`--compare-steps routes,loop,pgqueuer` runs those steps on it too; PgQueuer
+  itself runs once). (`--serve-root DIR` serves another checkout for every step.)
 - `pgqueuer`: taskledger's `POST /tasks/batch` (B a request, C connections)
   fills its queue; PgQueuer (the `bench` extra) on the same server then
-  enqueues as many jobs (batches of B, C connections; the same depth), then
+  enqueues as many jobs (batches of B, C connections; the same depth); each
+  side's tables are then ANALYZEd (`--no-analyze` leaves it to autovacuum:
+  PgQueuer's dequeue ran 9x slower on a table autovacuum had not reached); then
   dequeues B + acks (log_jobs) from C connections; then taskledger's
   claim->complete cycles over C wrk connections, one shape per `--drains`
   entry: `batch` (claim/batch max B, start/batch, complete/batch),
@@ -412,7 +415,8 @@ def _self_cpu() -> float:
 
 
 async def _pgqueuer(db_url: str, batch: int, connections: int, seconds: float, pg_pid: int | None,
-                    depth: int | None = None) -> list[tuple[str, float, dict[str, float], dict[str, Any]]]:
+                    depth: int | None = None, analyze: bool = True
+                    ) -> list[tuple[str, float, dict[str, float], dict[str, Any]]]:
     from pgqueuer.adapters.persistence.queries import EntrypointExecutionParameter, Queries
 
     conns = [await asyncpg.connect(db_url) for _ in range(connections)]
@@ -439,6 +443,8 @@ async def _pgqueuer(db_url: str, batch: int, connections: int, seconds: float, p
                 counts[0] += len(jobs)
 
         for what, fn in (("enqueue", enqueue), ("dequeue+ack", dequeue)):
+            if what != "enqueue" and analyze:
+                await conns[0].execute("ANALYZE")
             counts = [0, 0]
             me0 = _self_cpu()
             with CpuMeter(None, pg_pid) as cpu:
@@ -458,11 +464,12 @@ async def _pgqueuer(db_url: str, batch: int, connections: int, seconds: float, p
 
 
 def bench_pgqueuer(maint: str, batch: int, connections: int, seconds: float, pg_pid: int | None,
-                   results: list[dict[str, Any]], depth: int | None = None) -> None:
+                   results: list[dict[str, Any]], depth: int | None = None, analyze: bool = True) -> None:
     name = f"bench_pgq_{uuid.uuid4().hex[:6]}"
     db_url = create_database(maint, name)
     try:
-        for what, rate, cpu, extra in asyncio.run(_pgqueuer(db_url, batch, connections, seconds, pg_pid, depth)):
+        for what, rate, cpu, extra in asyncio.run(_pgqueuer(db_url, batch, connections, seconds, pg_pid, depth,
+                                                            analyze)):
             r = {"what": f"PgQueuer {what} (batch {batch}), {connections} connections", "rate": rate,
                  "unit": "jobs/s", "load": os.getloadavg()[0], "cpu": cpu, "p50_ms": 0.0, "p99_ms": 0.0,
                  "gapless": None, "errors": {}, **extra}
@@ -505,8 +512,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-root", type=Path,
                     help="another checkout (e.g. the branch's base): the routes step runs on it too, "
                          "first, on a database of its own, for a before/after in one run")
+    ap.add_argument("--compare-steps", default="routes",
+                    help="the steps the --compare-root checkout runs too (routes, loop, pgqueuer: its "
+                         "pgqueuer step fills and drains taskledger's queue; PgQueuer itself runs once)")
     ap.add_argument("--drains", default="batch,claim-start,single",
                     help="claim->complete shapes of the pgqueuer step: batch, claim-start, single")
+    ap.add_argument("--no-analyze", dest="analyze", action="store_false",
+                    help="do not ANALYZE each queue's tables once filled (autovacuum may or may not have)")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
@@ -538,9 +550,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if "pgbench" in steps:
             pgbench()
-        compare = "routes" in steps and args.compare_root is not None
+        before = steps & set(args.compare_steps.split(",")) & {"routes", "loop", "pgqueuer"}
+        compare = bool(before) and args.compare_root is not None
         if compare:
-            results += serve_steps(args, maint, pg_pid, tmp, {"routes"}, args.compare_root, "[base] ")
+            results += serve_steps(args, maint, pg_pid, tmp, before, args.compare_root, "[base] ",
+                                   pgqueuer=False)
         results += serve_steps(args, maint, pg_pid, tmp, steps, args.serve_root, "[this] " if compare else "")
         chain_ok = all(r.get("chain_ok", True) for r in results)
         if "pgbench" in steps:
@@ -574,9 +588,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve_steps(args: argparse.Namespace, maint: str, pg_pid: int | None, tmp: Path, steps: set[str],
-                root: Path, tag: str) -> list[dict[str, Any]]:
+                root: Path, tag: str, *, pgqueuer: bool = True) -> list[dict[str, Any]]:
     """One `taskledger serve` of `root`'s code on a database of its own, through `steps`;
-    the last result carries whether the hash chain of that database verified."""
+    the last result carries whether the hash chain of that database verified. Without
+    `pgqueuer`, the pgqueuer step fills and drains taskledger's queue alone."""
     name = f"bench_queue_{uuid.uuid4().hex[:6]}"
     db_url = create_database(maint, name)
     srv = Server(db_url, "granian", args.workers, tmp, root=root).wait_ready()
@@ -598,8 +613,14 @@ def serve_steps(args: argparse.Namespace, maint: str, pg_pid: int | None, tmp: P
             # taskledger's queue first; PgQueuer's then filled to the same depth
             made = s.creates(f"taskledger POST /tasks/batch x{qb}, {qc} connections", qb, qc, "Q", producer,
                              seconds=args.seconds * 1.5)
-            bench_pgqueuer(maint, qb, qc, args.seconds, pg_pid, s.results, depth=int(made["created"]))
+            if args.analyze:  # as autovacuum would within a minute or so; PgQueuer's table gets the same
+                asyncio.run(_analyze(db_url))
+            if pgqueuer:
+                bench_pgqueuer(maint, qb, qc, args.seconds, pg_pid, s.results, depth=int(made["created"]),
+                               analyze=args.analyze)
             for how in args.drains.split(","):
+                if how != "single" and not _has_report_batches(root):
+                    continue
                 s.drain(qb, qc, "Q", _worker_token(srv, f"drainer-{how}", f"node-{how}"), how)
         ok, n = asyncio.run(_verify_chain(db_url))
         log(f"hash chain over {n} events: {'verifies' if ok else 'BROKEN'}")
@@ -609,6 +630,14 @@ def serve_steps(args: argparse.Namespace, maint: str, pg_pid: int | None, tmp: P
     finally:
         srv.stop()
         drop_database(maint, name)
+
+
+async def _analyze(db_url: str) -> None:
+    c = await asyncpg.connect(db_url)
+    try:
+        await c.execute("ANALYZE")
+    finally:
+        await c.close()
 
 
 def _has_report_batches(root: Path) -> bool:

@@ -10,7 +10,7 @@ asks these modules; none of it names the tables.
 The names below are the store's interface: `from taskledger import log as store`.
 """
 
-from taskledger.log.appending import ANY, NOTIFY_CHANNEL, LogTx, append
+from taskledger.log.appending import ANY, NOTIFY_CHANNEL, LogTx, Write, append
 from taskledger.log.filters import feed_where, type_filter_sql
 from taskledger.log.position import HEAD_SEQ_SQL, Head, head, lock_head
 from taskledger.log.reads import (
@@ -52,6 +52,7 @@ __all__ = [
     "LogTx",
     "NewEvent",
     "RecordedEvent",
+    "Write",
     "append",
     "event_json",
     "event_json_at",

@@ -26,7 +26,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, Final
+from functools import lru_cache
+from typing import Any, Final, NamedTuple
 
 import asyncpg
 import msgspec
@@ -55,19 +56,48 @@ _json = msgspec.json.Encoder()
 # and checks in the same snapshot that each stream touched for the first time
 # was where the appender expected it (the insert cannot see its own rows, so
 # the check reads the stream as it stood before this flush).
-_FLUSH = """
-WITH ins AS (
+_INSERT_EVENTS = """ins AS (
     INSERT INTO events (seq, stream, stream_seq, type, data, meta, recorded_at, hash)
     SELECT s, st, ss, t, d::jsonb, m::jsonb, r, h
     FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[],
                 $7::timestamptz[], $8::text[]) AS u(s, st, ss, t, d, m, r, h)
     RETURNING 1
-)
+)"""
+_CHECK = """
 SELECT (SELECT count(*) FROM ins) AS inserted,
        array(SELECT c.stream FROM unnest($9::text[], $10::int[]) AS c(stream, expected)
              WHERE coalesce((SELECT max(e.stream_seq) FROM events e WHERE e.stream = c.stream), 0)
                    <> c.expected) AS conflicts
 """
+_EVENT_PARAMS: Final = 10
+_NO_EVENTS = "\nSELECT 0::bigint AS inserted, ARRAY[]::text[] AS conflicts\n"
+_PARAM = re.compile(r"\$(\d+)")
+_EVENT_KEYS: Final = frozenset({"events_pkey", "events_stream_position"})
+
+
+class Write(NamedTuple):
+    """A statement (INSERT, UPDATE or DELETE; parameters $1..$n) for the log's next
+    flush to run inside its own statement, as a data-modifying CTE: a batch's view
+    rows go in with its events in one round trip. The writes of one flush see the
+    same snapshot, so no two of them may touch the same row."""
+
+    sql: str
+    args: Sequence[Any]
+
+
+def _renumber(sql: str, offset: int) -> str:
+    return _PARAM.sub(lambda m: f"${int(m[1]) + offset}", sql)
+
+
+@lru_cache(maxsize=64)
+def _flush_sql(events: bool, writes: tuple[str, ...]) -> str:
+    ctes = [_INSERT_EVENTS] if events else []
+    offset = _EVENT_PARAMS if events else 0
+    for i, sql in enumerate(writes):
+        ctes.append(f"w{i} AS ({_renumber(sql, offset)})")
+        offset += max((int(m) for m in _PARAM.findall(sql)), default=0)
+    return "WITH " + ",\n".join(ctes) + (_CHECK if events else _NO_EVENTS)
+
 
 _STREAM_VERSION = "SELECT coalesce(max(stream_seq), 0) FROM events WHERE stream = $1"
 
@@ -169,17 +199,23 @@ class LogTx:
         self._versions[stream] = base + len(events)
         return out
 
-    async def flush(self) -> None:
-        if not self._rows:
+    async def flush(self, writes: Sequence[Write] = ()) -> None:
+        """Write the buffered events, and `writes` with them, in one statement."""
+        if not self._rows and not writes:
             return
         rows, self._rows = self._rows, []
         expect, self._expect = self._expect, {}
-        cols = list(zip(*rows, strict=True))
+        args: list[Any] = []
+        if rows:
+            args += [list(c) for c in zip(*rows, strict=True)]
+            args += [list(expect), list(expect.values())]
+        for w in writes:
+            args += w.args
         try:
-            row = await self.conn.fetchrow(
-                _FLUSH, *(list(c) for c in cols), list(expect), list(expect.values())
-            )
+            row = await self.conn.fetchrow(_flush_sql(bool(rows), tuple(w.sql for w in writes)), *args)
         except asyncpg.UniqueViolationError as e:
+            if e.constraint_name not in _EVENT_KEYS:
+                raise
             raise VersionConflict("a stream moved on while appending") from e
         assert row is not None
         if row["conflicts"]:

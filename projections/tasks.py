@@ -143,8 +143,15 @@ async def save(conn: Any, states: Iterable[TaskState], created: dict[str, int] |
     states = list(states)
     if not states:
         return
+    sql, args = save_statement(states, created, table=table)
+    await conn.execute(sql, *args)
+
+
+def save_statement(states: Sequence[TaskState], created: dict[str, int] | None = None,
+                   *, table: str = "tasks") -> tuple[str, list[Any]]:
+    """`save`'s statement and its arguments, for a caller that runs it with others."""
     sql = _UPSERT_TASKS if table == "tasks" else _UPSERT.format(table=table)
-    await conn.execute(sql, *row_args(states, created or {}))
+    return sql, row_args(states, created or {})
 
 
 async def load(conn: asyncpg.Connection | asyncpg.Pool, ids: Sequence[str]) -> dict[str, TaskState]:

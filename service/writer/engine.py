@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from taskledger.events.errors import DomainError
-from taskledger.log import ANY, LogTx, NewEvent, RecordedEvent
+from taskledger.log import ANY, LogTx, NewEvent, RecordedEvent, Write
 from taskledger.service.metrics import Metrics
 
 log = logging.getLogger("taskledger.writer")
@@ -49,19 +49,21 @@ class Batch:
         self.log = logtx
         self.cache: dict[str, dict[str, Any]] = {}
         self.appended: list[RecordedEvent] = []
-        self._flushers: list[Callable[[asyncpg.Connection], Awaitable[None]]] = []
+        self._flushers: list[Callable[[asyncpg.Connection], Awaitable[Sequence[Write]]]] = []
 
     def kind(self, name: str) -> dict[str, Any]:
         return self.cache.setdefault(name, {})
 
-    def on_flush(self, fn: Callable[[asyncpg.Connection], Awaitable[None]]) -> None:
-        """Run `fn` at every flush (after the buffered events are written)."""
+    def on_flush(self, fn: Callable[[asyncpg.Connection], Awaitable[Sequence[Write]]]) -> None:
+        """Run `fn` at every flush: the writes it returns go in with the buffered
+        events, in their statement (`LogTx.flush`)."""
         self._flushers.append(fn)
 
     async def flush(self) -> None:
-        await self.log.flush()
+        writes: list[Write] = []
         for fn in self._flushers:
-            await fn(self.conn)
+            writes.extend(await fn(self.conn))
+        await self.log.flush(writes)
 
 
 class UnitOfWork:

@@ -51,32 +51,49 @@ from taskledger.events.task.rules import (
     validate_new_task,
 )
 from taskledger.events.task.state import TaskState
-from taskledger.log import NewEvent
+from taskledger.log import NewEvent, Write
 from taskledger.projections import tasks as views
 from taskledger.service.writer.commands import Ctx
 from taskledger.service.writer.engine import Batch, UnitOfWork
 
+_LEASES_UPSERT = """INSERT INTO task_leases (task_id, lease_id, worker, node, token_id, lease_seconds, expires_at)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[])
+ON CONFLICT (task_id) DO UPDATE SET lease_id = EXCLUDED.lease_id, worker = EXCLUDED.worker,
+    node = EXCLUDED.node, token_id = EXCLUDED.token_id, lease_seconds = EXCLUDED.lease_seconds,
+    expires_at = EXCLUDED.expires_at"""
+_LEASES_DELETE = "DELETE FROM task_leases WHERE task_id = ANY($1::text[])"
+
 
 class _Pending:
-    """Task view writes buffered for the batch, written at its next flush."""
+    """Task view and lease writes buffered for the batch, written at its next
+    flush in the statement that appends the batch's events (`LogTx.flush`)."""
 
     def __init__(self) -> None:
         self.views: dict[str, TaskState] = {}
         self.created: dict[str, int] = {}
         self.blockers: dict[str, views.Blocker] = {}
-        self.leases_gone: set[str] = set()
+        # task id -> its new lease row, or None for a lease that ended: one entry
+        # per task, so the upsert and the delete of one flush never meet on a row
+        self.leases: dict[str, tuple[Any, ...] | None] = {}
 
-    async def flush(self, conn: Any) -> None:
+    async def flush(self, conn: Any) -> list[Write]:
+        writes: list[Write] = []
         if self.views:
             states, self.views = list(self.views.values()), {}
             created, self.created = self.created, {}
-            await views.save(conn, states, created)
+            writes.append(Write(*views.save_statement(states, created)))
         if self.blockers:
             blockers, self.blockers = list(self.blockers.values()), {}
             await views.save_blockers(conn, blockers)
-        if self.leases_gone:
-            gone, self.leases_gone = sorted(self.leases_gone), set()
-            await conn.execute("DELETE FROM task_leases WHERE task_id = ANY($1::text[])", gone)
+        if self.leases:
+            leases, self.leases = self.leases, {}
+            new = [row for row in leases.values() if row is not None]
+            gone = sorted(t for t, row in leases.items() if row is None)
+            if new:
+                writes.append(Write(_LEASES_UPSERT, [list(col) for col in zip(*new, strict=True)]))
+            if gone:
+                writes.append(Write(_LEASES_DELETE, [gone]))
+        return writes
 
 
 def _pending(batch: Batch) -> _Pending:
@@ -188,7 +205,7 @@ class Session:
             assert s is not None
             self.states[task_id] = pending.views[task_id] = s
             if before is not None and before.lease_id is not None and s.lease_id is None:
-                pending.leases_gone.add(task_id)
+                pending.leases[task_id] = None
                 self.uow.batch.kind("lease_expiry")[task_id] = None
             if task_id not in touched:
                 touched.append(task_id)
@@ -297,12 +314,17 @@ def _claim_sql(projects: Sequence[str] | None, *, select: str = "body::text AS b
     (80 ms a claim behind 130,000 pending tasks elsewhere). With one project,
     `project` leads the ORDER BY (one value: the same order) so that only
     tasks_claimable_by_project serves it: a generic plan for the LIMIT 1 of
-    anything_to_claim otherwise took tasks_claimable too (60 ms a poll)."""
+    anything_to_claim otherwise took tasks_claimable too (60 ms a poll).
+    That alone did not hold once the table had statistics: PostgreSQL drops a
+    sort key fixed to one value, so both indexes gave claim order and the
+    plan took tasks_claimable again. Its predicate now carries
+    `created_seq > 0` (sql/011_claim_index_for_any_project.sql), which only
+    the other claims state, so a one-project claim cannot use it at all."""
     order = "priority DESC, created_seq"
     if projects is None:
-        project = "$2::text[] IS NULL"
+        project = "$2::text[] IS NULL AND created_seq > 0"
     elif len(projects) > 1:
-        project = "project = ANY($2::text[])"
+        project = "project = ANY($2::text[]) AND created_seq > 0"
     else:
         project, order = "project = ($2::text[])[1]", "project, priority DESC, created_seq"
     return f"""
@@ -374,20 +396,11 @@ async def claim_many(
     if not claimed:
         return []
     expiry = uow.batch.kind("lease_expiry")
-    leases = []
+    leases = _pending(uow.batch).leases
     for c in claimed:
         expires = datetime.fromisoformat((c.lease_expires_at or "").replace("Z", "+00:00"))
         expiry[c.id] = expires
-        leases.append((c.id, c.lease_id, who.worker, who.node, who.token_id, lease_seconds, expires))
-    await uow.execute(
-        """INSERT INTO task_leases (task_id, lease_id, worker, node, token_id, lease_seconds, expires_at)
-           SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[],
-                                $7::timestamptz[])
-           ON CONFLICT (task_id) DO UPDATE SET lease_id = EXCLUDED.lease_id, worker = EXCLUDED.worker,
-               node = EXCLUDED.node, token_id = EXCLUDED.token_id, lease_seconds = EXCLUDED.lease_seconds,
-               expires_at = EXCLUDED.expires_at""",
-        *(list(col) for col in zip(*leases, strict=True)),
-    )
+        leases[c.id] = (c.id, c.lease_id, who.worker, who.node, who.token_id, lease_seconds, expires)
     return claimed
 
 
@@ -617,9 +630,14 @@ async def sweep(uow: UnitOfWork, ctx: Ctx, *, limit: int = 200) -> int:
     return n
 
 
+# statement_timestamp(), not clock_timestamp(): a volatile function cannot be
+# an index condition, so with clock_timestamp() PostgreSQL filtered every row of
+# `tasks` (100 ms a poll, once a second, with 280,000 tasks) instead of looking
+# at the start of `tasks_escalation` and `task_leases_expiry`.
+DUE_FOR_SWEEP = """SELECT EXISTS (SELECT 1 FROM task_leases WHERE expires_at < statement_timestamp())
+    OR EXISTS (SELECT 1 FROM tasks WHERE escalate_at <= statement_timestamp())"""
+
+
 async def due_for_sweep(pool: Any) -> bool:
     """A cheap look, outside the writer, at whether a sweep has anything to do."""
-    return bool(await pool.fetchval(
-        """SELECT EXISTS (SELECT 1 FROM task_leases WHERE expires_at < clock_timestamp())
-               OR EXISTS (SELECT 1 FROM tasks WHERE escalate_at <= clock_timestamp())"""
-    ))
+    return bool(await pool.fetchval(DUE_FOR_SWEEP))
