@@ -9,6 +9,7 @@ bench/fault_drills.py (which prints the figures for docs/BENCHMARKS.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -214,6 +215,10 @@ def run_drill(drill: str, root: Path, *, writers: int = 4, before: float = 3.0, 
     finally:
         for s in servers:
             s.kill(signal.SIGKILL)
+        # After `pg_ctl restart` the handle still holds the first postmaster, gone by then, and its
+        # cleanup would leave the restarted one running: stop whatever runs on the data directory.
+        with contextlib.suppress(Exception):
+            _pg_ctl(handle, "-m", "fast", "stop")
         handle.cleanup()
 
 

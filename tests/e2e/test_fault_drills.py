@@ -25,3 +25,5 @@ def test_a_fault_loses_no_acknowledged_write_doubles_no_retry_and_skips_no_event
     assert res.follower_contiguous(), (res.head, res.follower_ids[:5], res.follower_ids[-5:])
     assert res.recovery_seconds < 30, res  # it comes back by itself
     assert set(res.refused) <= {0, 503}, res.refused  # never a 500
+    # the drill leaves no PostgreSQL behind, whichever way it hurt it
+    assert not (tmp_path / "pg" / "pgdata" / "postmaster.pid").exists()
