@@ -317,7 +317,7 @@ async def count_by_state(conn: Conn) -> dict[str, int]:
 # ---------------------------------------------------------------- folding the log
 #
 # The rebuild and the check fold stored events into the same rows the command
-# path writes (`service.writer.tasks.Session.apply`): a task row is `evolve`
+# path writes (`service.writer.session.Session.apply`): a task row is `evolve`
 # over its stream; a blocker is `evolve_blocker` over the stream of its task,
 # given the task's state before each event. Rounds live inside the parent's
 # task row (`TaskState.rounds`), so they are folded with it.

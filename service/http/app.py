@@ -35,7 +35,7 @@ from taskledger.service.ops.migrate import migrate
 from taskledger.service.ops.webhooks import Deliverer
 from taskledger.service.settings import Settings
 from taskledger.service.tokens import TokenStore
-from taskledger.service.writer import tasks as task_commands
+from taskledger.service.writer import session as task_sessions
 from taskledger.service.writer.commands import CommandRunner
 from taskledger.service.writer.engine import Writer
 
@@ -129,7 +129,7 @@ def create_app(settings: Settings, *, extra_startup: Sequence[Hook] = (), tracer
 
         s.writer = Writer(dsn, batch_max=settings.batch_max, queue_max=settings.writer_queue_max,
                           metrics=metrics, on_commit=on_commit)
-        s.writer.prefetchers["tasks"] = task_commands.prefetch_tasks
+        s.writer.prefetchers["tasks"] = task_sessions.prefetch_tasks
         await s.writer.start()
         s.command_runner = CommandRunner(s.writer, idempotency_ttl_seconds=settings.idempotency_ttl_seconds)
         metrics.gauge("writer_queue_depth", lambda: s.writer.queue_depth)
