@@ -178,7 +178,7 @@ async def fold_in_memory(conn: asyncpg.Connection, n_events: int) -> dict[str, f
 
     def rebuild_fold() -> dict[str, TaskState]:
         states: dict[str, TaskState] = {}
-        task_rows.fold_page(states, None, page)
+        task_rows.fold_page(states, page)
         return states
 
     steps: dict[str, Callable[[], Any]] = {

@@ -341,47 +341,27 @@ def task_id_of(stream: str) -> str:
     return stream[5:] if stream.startswith("task:") else stream
 
 
-def fold_page(
-    states: dict[str, TaskState], blockers: dict[str, Blocker] | None, page: Sequence[StoredEvent],
-) -> tuple[list[str], dict[str, int], list[str]]:
-    """Pure: fold `page` into `states` (and `blockers` when given), in place.
+def fold_page(states: dict[str, TaskState], page: Sequence[StoredEvent]) -> tuple[list[str], dict[str, int]]:
+    """Pure: fold `page` into `states`, in place.
 
-    Returns the changed task ids, the seq of each task.created seen, and the
-    changed blocker ids. `states` must hold the state of every stream in
-    `page` that began before it, and `blockers` every blocker those states name.
-    Without `blockers` the states are folded in place (`evolve_owned`): they
-    belong to the caller's fold, and a state handed on must be out of `states`
-    before the next page (as `TaskFold` does) or be copied.
+    Returns the changed task ids and the seq of each task.created seen. `states`
+    must hold the state of every stream in `page` that began before it. The
+    states are folded in place (`evolve_owned`): they belong to the caller's
+    fold, and a state handed on must be out of `states` before the next page (as
+    `TaskFold` does) or be copied. Blockers are folded apart (`fold_blocker_page`).
     """
     changed: dict[str, None] = {}
     created: dict[str, int] = {}
-    changed_blockers: dict[str, None] = {}
     decode = task_events.decode
-    if blockers is None:
-        # the task rows alone: no blocker fold, no per-event tuple
-        for e in page:
-            stream = e.stream
-            tid = stream[5:] if stream.startswith("task:") else stream
-            s = states.get(tid)
-            if s is None:
-                created[tid] = e.seq
-            states[tid] = evolve_owned(s, decode(e.type, e.data), seq=e.seq, version=e.stream_seq,
-                                       at=e.recorded_at)
-            changed[tid] = None
-        return list(changed), created, []
     for e in page:
-        tid = task_id_of(e.stream)
-        ev = decode(e.type, e.data)
+        stream = e.stream
+        tid = stream[5:] if stream.startswith("task:") else stream
         s = states.get(tid)
         if s is None:
             created[tid] = e.seq
-        b = blockers.get(s.blocker_id) if s is not None and s.blocker_id else None
-        states[tid], nb = fold_one(s, b, ev, seq=e.seq, version=e.stream_seq, at=e.recorded_at)
-        if nb is not None:
-            blockers[nb.id] = nb
-            changed_blockers[nb.id] = None
+        states[tid] = evolve_owned(s, decode(e.type, e.data), seq=e.seq, version=e.stream_seq, at=e.recorded_at)
         changed[tid] = None
-    return list(changed), created, list(changed_blockers)
+    return list(changed), created
 
 
 _COLUMNS = ["id", "project", "task_type", "state", "parent_task_id", "subtask_round", "is_parent", "priority",
@@ -515,7 +495,7 @@ class TaskFold:
             await self.idle()  # the rows being written may be the ones to reload; `conn` is theirs
             await self._load(conn, missing, tables)
         self._conn, self._table = conn, tables["tasks"]
-        changed, created, _ = fold_page(self.states, None, page)
+        changed, created = fold_page(self.states, page)
         self._dirty.update(dict.fromkeys(changed))
         self._born.update(created)
         if len(self.states) > self.cache_max:

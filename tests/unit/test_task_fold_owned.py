@@ -50,7 +50,7 @@ class FoldInPlaceMachine(TaskMachine):
             page.append(LogEvent(seq, f"task:{tid}", versions[tid], event_type(ev),
                                            msgspec.json.encode(payload(ev)).decode(), AT))
         self.folded = len(self.w.log)
-        task_rows.fold_page(self.owned, None, page)
+        task_rows.fold_page(self.owned, page)
         assert self.owned == self.w.states
         assert not any(self.owned[t] is s for t, s in self.w.states.items())
 

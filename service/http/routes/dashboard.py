@@ -378,7 +378,7 @@ async def tasks_as_of(
     states: dict[str, TaskState] = {}
     later = [f"task:{r.id}" for r in page if r.seq > as_of_seq]
     if later:
-        views.fold_page(states, None, await store.read_stream_before(pool, later, as_of_seq + 1))
+        views.fold_page(states, await store.read_stream_before(pool, later, as_of_seq + 1))
     user: Principal = request.user
     viewer = None if user.role == "admin" else user.token_id  # lease ids only to their holder
     out = [views.visible_to(states[r.id] if r.seq > as_of_seq else views.decode_state(r.body), viewer)
