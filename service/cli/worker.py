@@ -69,6 +69,12 @@ def _problem(e: TaskledgerError) -> str:
     return msgspec.json.encode(e.problem).decode() if e.problem else e.detail
 
 
+def complete_alone(client: AsyncClient, e: CompleteEntry) -> Awaitable[Answer]:
+    """`e` reported through the single route (`POST /tasks/{id}/complete`)."""
+    return answer(client.complete(e.task_id, e.lease_id, result=e.result, outcome=e.outcome,
+                                  verdicts=e.verdicts, category=e.category))
+
+
 class Reports:
     """Completions that finish close together, sent as one `complete_batch`.
 
@@ -140,9 +146,7 @@ class Reports:
             except TaskledgerError as e:
                 self.say(event="batch_refused", tasks=[x.task_id for x in entries], status=e.status, index=e.index,
                          detail=_problem(e)[:300])
-        return [await answer(self.client.complete(
-            e.task_id, e.lease_id, result=e.result, outcome=e.outcome, verdicts=e.verdicts, category=e.category))
-            for e in entries]
+        return [await complete_alone(self.client, e) for e in entries]
 
     async def close(self) -> None:
         if self.timer is not None:
@@ -205,8 +209,7 @@ class Worker:
                               verdicts=list(verdicts or []), category=category)
         if self.reports is not None:
             return await self.reports.complete(entry)
-        return await answer(self.client.complete(entry.task_id, entry.lease_id, result=result, outcome=outcome,
-                                                 verdicts=entry.verdicts, category=category))
+        return await complete_alone(self.client, entry)
 
     async def run_command(self, task: Task, command: str) -> tuple[int, str, float]:
         """Run `command` with the shell while heartbeating; returns (exit code, output tail, seconds)."""
